@@ -1,0 +1,65 @@
+"""memfit: make TensorFlow/Keras training fit in memory and stay alive.
+
+Public API (everything else is private):
+
+- `Budget`, `emulate`: the memory a device gives training, and emulating a smaller card.
+- `measure`, `Measurement`: what one training step really costs.
+- `doctor`: preflight of this machine.
+- `load_model`, `Workload`: MODEL arguments and what a training step is made of.
+- `parse_size`, `format_size`, `CARDS`: sizes and named cards.
+- `MemfitError` and its subclasses: every error a user can fix.
+
+Setting `MEMFIT_MEMORY=2GiB` or `MEMFIT_DEVICE=T4` in the environment emulates that budget as
+soon as memfit is imported (before TensorFlow initialises).
+"""
+
+from __future__ import annotations
+
+from memfit.budget import Budget
+from memfit.cards import CARDS, Card, get_card
+from memfit.doctor import DoctorReport, Finding, doctor
+from memfit.emulate import emulate, emulate_from_environment
+from memfit.errors import (
+    BackendMissingError,
+    EmulationError,
+    MeasurementError,
+    MemfitError,
+    ModelLoadError,
+    SizeError,
+    UnknownDeviceError,
+    WorkloadError,
+)
+from memfit.measure import Measurement, measure, measure_many
+from memfit.models import load_model
+from memfit.sizes import format_size, parse_size
+from memfit.workload import Workload
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CARDS",
+    "BackendMissingError",
+    "Budget",
+    "Card",
+    "DoctorReport",
+    "EmulationError",
+    "Finding",
+    "MeasurementError",
+    "Measurement",
+    "MemfitError",
+    "ModelLoadError",
+    "SizeError",
+    "UnknownDeviceError",
+    "Workload",
+    "WorkloadError",
+    "doctor",
+    "emulate",
+    "format_size",
+    "get_card",
+    "load_model",
+    "measure",
+    "measure_many",
+    "parse_size",
+]
+
+emulate_from_environment()

@@ -1,0 +1,5 @@
+"""`python -m memfit` runs the command line."""
+
+from memfit.cli import main
+
+main()

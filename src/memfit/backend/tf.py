@@ -1,0 +1,258 @@
+"""TensorFlow internals: import checks, device setup, allocator limits and statistics.
+
+This is the only memfit module that calls TensorFlow's private or device-level APIs. TensorFlow
+itself is imported lazily, so that `import memfit` and the CLI's argument checks work (and fail
+clearly) without it.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from types import ModuleType
+from typing import Any
+
+from memfit.errors import BackendMissingError, MeasurementError
+
+INSTALL_HINT = (
+    'install memfit with TensorFlow: pip install "memfit[cpu]" on a CPU-only machine, '
+    'or pip install "memfit[gpu]" on a machine with an NVIDIA GPU'
+)
+
+# Environment variables TensorFlow reads when it creates its CPU allocator (first op) or
+# loads its kernels (import). See DESIGN.md, "Facts we build on".
+ENV_CPU_BFC = "TF_CPU_ALLOCATOR_USE_BFC"
+ENV_CPU_BFC_LIMIT_MB = "TF_CPU_BFC_MEM_LIMIT_IN_MB"
+ENV_ONEDNN = "TF_ENABLE_ONEDNN_OPTS"
+ENV_GROWTH = "TF_FORCE_GPU_ALLOW_GROWTH"
+
+
+def _quiet_logs() -> None:
+    # TensorFlow prints several lines of C++ INFO logs on import; keep warnings and errors.
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+    os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+
+
+def import_tf() -> ModuleType:
+    """Import TensorFlow, or raise a `BackendMissingError` that says what to install."""
+    _quiet_logs()
+    try:
+        import tensorflow as tf
+    except ImportError as exc:
+        raise BackendMissingError(f"TensorFlow is not installed ({exc}); {INSTALL_HINT}") from None
+    return tf
+
+
+def import_keras() -> ModuleType:
+    """Import Keras 3 on the TensorFlow backend, or raise a `BackendMissingError`."""
+    import_tf()
+    try:
+        import keras
+    except ImportError as exc:
+        raise BackendMissingError(f"Keras is not installed ({exc}); {INSTALL_HINT}") from None
+    if not hasattr(keras, "RematScope") and not keras.__version__.startswith("3"):
+        raise BackendMissingError(
+            f"memfit needs Keras 3, found Keras {keras.__version__}; pip install -U keras"
+        )
+    backend = keras.backend.backend()
+    if backend != "tensorflow":
+        raise BackendMissingError(
+            f"Keras is using the {backend!r} backend; memfit measures TensorFlow. "
+            f"Set KERAS_BACKEND=tensorflow before importing keras"
+        )
+    return keras
+
+
+def is_imported() -> bool:
+    """Whether TensorFlow has been imported in this process."""
+    return "tensorflow" in sys.modules
+
+
+def is_initialized() -> bool:
+    """Whether TensorFlow has created its runtime devices (after which limits are fixed)."""
+    if not is_imported():
+        return False
+    try:
+        from tensorflow.python.eager import context
+    except ImportError:  # pragma: no cover - a TensorFlow without this module
+        return False
+    ctx = context.context()
+    return bool(getattr(ctx, "_initialized", False) or getattr(ctx, "_context_handle", None))
+
+
+def physical_devices(device_type: str | None = None) -> list[Any]:
+    """Physical devices TensorFlow sees, without initialising the runtime."""
+    tf = import_tf()
+    return list(tf.config.list_physical_devices(device_type))
+
+
+def gpu_count() -> int:
+    """Number of GPUs TensorFlow can use (0 with a CPU-only build)."""
+    return len(physical_devices("GPU"))
+
+
+def default_device() -> str:
+    """The device a training step runs on by default: `GPU:0` when there is one, else `CPU:0`."""
+    return "GPU:0" if gpu_count() else "CPU:0"
+
+
+def set_cpu_allocator_limit(limit_bytes: int) -> None:
+    """Ask for TensorFlow's BFC CPU allocator capped at `limit_bytes`, with oneDNN off.
+
+    Must run before TensorFlow initialises (the allocator reads these variables once). With
+    oneDNN on, a kernel whose allocation is refused can crash the process (SIGSEGV) instead of
+    raising `ResourceExhaustedError`, so oneDNN is turned off as well.
+    """
+    os.environ[ENV_CPU_BFC] = "true"
+    os.environ[ENV_CPU_BFC_LIMIT_MB] = str(max(1, limit_bytes // (1024 * 1024)))
+    os.environ[ENV_ONEDNN] = "0"
+
+
+def cpu_allocator_limit() -> int | None:
+    """The BFC CPU allocator limit set in this process's environment, in bytes, if any."""
+    if os.environ.get(ENV_CPU_BFC, "").lower() not in ("true", "1"):
+        return None
+    limit = os.environ.get(ENV_CPU_BFC_LIMIT_MB)
+    return int(limit) * 1024 * 1024 if limit and limit.isdigit() else None
+
+
+def onednn_enabled() -> bool:
+    """Whether oneDNN optimisations are (probably) on: TensorFlow's default on x86 CPUs."""
+    return os.environ.get(ENV_ONEDNN, "1").strip().lower() not in ("0", "false")
+
+
+def set_gpu_memory_limit(limit_bytes: int) -> list[str]:
+    """Cap every visible GPU at `limit_bytes` with one logical device each.
+
+    Returns the names of the GPUs capped. Raises `RuntimeError` from TensorFlow when the runtime
+    is already initialised.
+    """
+    tf = import_tf()
+    gpus = tf.config.list_physical_devices("GPU")
+    limit_mb = max(1, limit_bytes // (1024 * 1024))
+    for gpu in gpus:
+        tf.config.set_logical_device_configuration(
+            gpu, [tf.config.LogicalDeviceConfiguration(memory_limit=limit_mb)]
+        )
+    return [gpu.name for gpu in gpus]
+
+
+def gpu_settings() -> list[dict[str, Any]]:
+    """Per GPU: memory growth and logical-device memory limits, read without initialising."""
+    tf = import_tf()
+    settings = []
+    for gpu in tf.config.list_physical_devices("GPU"):
+        try:
+            growth = bool(tf.config.experimental.get_memory_growth(gpu))
+        except (ValueError, RuntimeError):
+            growth = None
+        logical = tf.config.get_logical_device_configuration(gpu) or []
+        limits = [
+            int(cfg.memory_limit) * 1024 * 1024
+            for cfg in logical
+            if getattr(cfg, "memory_limit", None) is not None
+        ]
+        try:
+            details = tf.config.experimental.get_device_details(gpu)
+        except (ValueError, RuntimeError):
+            details = {}
+        settings.append(
+            {
+                "name": gpu.name,
+                "device_name": details.get("device_name"),
+                "compute_capability": details.get("compute_capability"),
+                "memory_growth": growth,
+                "memory_limits_bytes": limits,
+            }
+        )
+    return settings
+
+
+def memory_info(device: str) -> dict[str, int] | None:
+    """The allocator's `current` and `peak` bytes on `device`, or None where unavailable.
+
+    On CPU the statistics exist only with the BFC allocator (`set_cpu_allocator_limit`).
+    Calling this initialises TensorFlow's runtime.
+    """
+    tf = import_tf()
+    try:
+        info = tf.config.experimental.get_memory_info(device)
+    except (ValueError, RuntimeError):
+        return None
+    return {"current": int(info["current"]), "peak": int(info["peak"])}
+
+
+def reset_peak(device: str) -> None:
+    """Reset the allocator's peak statistic on `device` to its current bytes."""
+    tf = import_tf()
+    tf.config.experimental.reset_memory_stats(device)
+
+
+def require_memory_stats(device: str) -> None:
+    """Raise a `MeasurementError` that explains why `device` has no memory statistics."""
+    if memory_info(device) is not None:
+        return
+    if device.upper().startswith("CPU"):
+        raise MeasurementError(
+            "TensorFlow's CPU allocator keeps no memory statistics in this process: TensorFlow "
+            "was initialised before memfit could switch on its BFC allocator. Call "
+            "memfit.emulate(...) (or set MEMFIT_MEMORY) before building any model or tensor, "
+            "or measure with isolated=True"
+        )
+    raise MeasurementError(f"TensorFlow reports no memory statistics for {device}")
+
+
+def is_oom(exc: BaseException) -> bool:
+    """Whether `exc` is TensorFlow's out-of-memory error (`ResourceExhaustedError`)."""
+    if not is_imported():
+        return False
+    tf = sys.modules["tensorflow"]
+    return isinstance(exc, tf.errors.ResourceExhaustedError)
+
+
+def oom_summary(exc: BaseException) -> str:
+    """The first informative line of a TensorFlow OOM message (which allocation failed)."""
+    text = getattr(exc, "message", None) or str(exc)
+    for line in text.splitlines():
+        if "OOM when allocating" in line or "Out of memory" in line.lower():
+            return line.strip()[:300]
+    first = next((line.strip() for line in text.splitlines() if line.strip()), "")
+    return first[:300]
+
+
+def versions() -> dict[str, str | None]:
+    """TensorFlow, Keras, and the CUDA/cuDNN versions TensorFlow was built with."""
+    result: dict[str, str | None] = {"tensorflow": None, "keras": None, "cuda": None, "cudnn": None}
+    try:
+        tf = import_tf()
+    except BackendMissingError:
+        return result
+    result["tensorflow"] = tf.__version__
+    try:
+        import keras
+
+        result["keras"] = keras.__version__
+    except ImportError:
+        pass
+    try:
+        build = tf.sysconfig.get_build_info()
+    except Exception:  # noqa: BLE001 - build info is optional metadata
+        build = {}
+    result["cuda"] = build.get("cuda_version") or None
+    result["cudnn"] = build.get("cudnn_version") or None
+    return result
+
+
+def min_system_memory(available_bytes: int, compute_capability: tuple[int, int]) -> int:
+    """TensorFlow's default GPU reserve (`MinSystemMemory` in gpu_device.cc, TF 2.13+)."""
+    mib = 1024 * 1024
+    if available_bytes < 2 * 1024**3:
+        return 225 * mib
+    major = compute_capability[0]
+    if major <= 6:
+        return 500 * mib
+    if major <= 7:
+        return 1050 * mib
+    if major <= 8:
+        return 1536 * mib
+    return 1800 * mib

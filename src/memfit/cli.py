@@ -1,0 +1,344 @@
+"""The `memfit` command line: `memfit <command> [MODEL] [options]`."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from memfit.budget import Budget, resolve_budget
+from memfit.errors import MemfitError
+from memfit.models import MODEL_FORMS, check_model_spec
+from memfit.sizes import format_size
+
+out = Console(highlight=False, soft_wrap=True)
+err = Console(stderr=True, highlight=False)
+
+_LEVEL_STYLE = {"ok": "green", "warning": "yellow", "problem": "bold red"}
+
+
+# -- shared options -------------------------------------------------------------------------
+def budget_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """`--memory` / `--device`: the budget to emulate for this command."""
+    command = click.option(
+        "--device",
+        "device",
+        metavar="CARD",
+        help="Emulate a named card's usable memory (T4, L4, V100-16GB, A100-40GB, ...).",
+    )(command)
+    command = click.option(
+        "--memory",
+        "memory",
+        metavar="SIZE",
+        help="Emulate a device with this much memory (16GiB, 1.5GB, 512MiB, bytes).",
+    )(command)
+    return command
+
+
+def json_option(command: Callable[..., Any]) -> Callable[..., Any]:
+    """`--json`: machine-readable output on stdout."""
+    return click.option(
+        "--json", "as_json", is_flag=True, help="Print JSON (sizes in bytes) instead of tables."
+    )(command)
+
+
+def apply_budget(memory: str | None, device: str | None) -> Budget | None:
+    """Emulate the budget `--memory` / `--device` name, before TensorFlow initialises."""
+    from memfit.emulate import emulate, ensure_memory_statistics
+
+    budget = resolve_budget(memory=memory, device=device)
+    if budget is not None and budget.source in ("user", "card"):
+        budget = emulate(memory) if memory is not None else emulate(device=device)
+    ensure_memory_statistics()
+    return budget
+
+
+def _batch_sizes(_ctx: click.Context, _param: click.Parameter, value: str) -> list[int]:
+    sizes = []
+    for part in str(value).split(","):
+        part = part.strip()
+        if not part.lstrip("-").isdigit() or int(part) < 1:
+            raise click.BadParameter(
+                f"{part!r} is not a batch size; give whole numbers of at least 1, e.g. 8 or 1,4,16"
+            )
+        sizes.append(int(part))
+    return sizes
+
+
+def _input_shape(_ctx: click.Context, _param: click.Parameter, value: str | None) -> Any:
+    if value is None:
+        return None
+    shapes = []
+    for group in value.split(";"):
+        dims = [d.strip() for d in group.replace("x", ",").split(",") if d.strip()]
+        if not dims or not all(d.isdigit() and int(d) > 0 for d in dims):
+            raise click.BadParameter(f"{value!r} is not a shape; give e.g. 224,224,3")
+        shapes.append(tuple(int(d) for d in dims))
+    return shapes[0] if len(shapes) == 1 else shapes
+
+
+def _print_json(data: Any) -> None:
+    click.echo(json.dumps(data, indent=2, default=str))
+
+
+# -- the group ------------------------------------------------------------------------------
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(package_name="memfit", prog_name="memfit")
+def cli() -> None:
+    """memfit: make TensorFlow/Keras training fit in memory and stay alive.
+
+    Every command takes --memory SIZE or --device CARD to emulate a smaller card (real
+    out-of-memory errors beyond it), and --json for machine-readable output.
+    """
+
+
+# -- doctor ---------------------------------------------------------------------------------
+@cli.command()
+@budget_options
+@json_option
+def doctor(memory: str | None, device: str | None, as_json: bool) -> None:
+    """Preflight this machine: devices, free memory, who holds it, settings made too late.
+
+    Exits with status 1 when a problem is found.
+    """
+    apply_budget(memory, device)
+    from memfit.doctor import doctor as run_doctor
+
+    report = run_doctor()
+    if as_json:
+        _print_json(report.to_dict())
+    else:
+        _render_doctor(report)
+    sys.exit(0 if report.ok else 1)
+
+
+def _render_doctor(report: Any) -> None:
+    table = Table(title="Devices", title_justify="left")
+    for column in ("device", "what", "total", "free", "held by others"):
+        table.add_column(column, justify="right" if column in ("total", "free") else "left")
+    for dev in report.devices:
+        holders = ", ".join(
+            f"{p['name']} ({p['pid']}, {format_size(p['used_bytes'])})" for p in dev["processes"]
+        )
+        table.add_row(
+            dev["name"],
+            str(dev["description"]),
+            format_size(dev["total_bytes"]),
+            format_size(dev["free_bytes"]),
+            holders or "-",
+        )
+    out.print(table)
+    v = report.versions
+    out.print(
+        f"TensorFlow {v.get('tensorflow')}  Keras {v.get('keras')}  CUDA {v.get('cuda') or '-'}  "
+        f"cuDNN {v.get('cudnn') or '-'}  driver {v.get('driver') or '-'}  Python {v.get('python')}"
+    )
+    if report.budget is not None:
+        out.print(f"Budget for training: [bold]{report.budget}[/bold]")
+    out.print()
+    for finding in report.findings:
+        style = _LEVEL_STYLE[finding.level]
+        out.print(f"[{style}]{finding.level:>7}[/{style}]  {finding.topic}: {finding.message}")
+        if finding.fix:
+            out.print(f"         fix: {finding.fix}")
+    summary = f"{len(report.problems)} problem(s), {len(report.warnings)} warning(s)"
+    out.print(f"\n[{'bold red' if report.problems else 'green'}]{summary}[/]")
+
+
+# -- measure --------------------------------------------------------------------------------
+def model_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """Options that say how to build MODEL and its training step."""
+    options = [
+        click.option(
+            "--input-shape",
+            callback=_input_shape,
+            metavar="H,W,C",
+            help="Shape of one sample (without batch), for built-ins or undefined inputs.",
+        ),
+        click.option("--classes", type=click.IntRange(min=1), help="Classes of a built-in model."),
+        click.option(
+            "--optimizer", help="Optimizer to compile with (default: the model's, else adam)."
+        ),
+        click.option(
+            "--loss", help="Loss to compile with (default: the model's, else from its output)."
+        ),
+        click.option(
+            "--data",
+            "data_spec",
+            metavar="MODULE:FN",
+            help="package.module:dataset_fn returning a tf.data.Dataset of (x, y) samples.",
+        ),
+        click.option(
+            "--unsafe",
+            is_flag=True,
+            help="Load .keras files that run Python code (Lambda layers); trusted files only.",
+        ),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+@cli.command()
+@click.argument("model", metavar="MODEL")
+@click.option(
+    "--batch-size",
+    "-b",
+    default="32",
+    callback=_batch_sizes,
+    show_default=True,
+    help="Batch size, or several separated by commas (1,4,16).",
+)
+@click.option(
+    "--repeats",
+    type=click.IntRange(min=1),
+    default=3,
+    show_default=True,
+    help="Measured steps after the warm-up step.",
+)
+@click.option(
+    "--in-process",
+    is_flag=True,
+    help="Measure all batch sizes in this process (faster; by default each runs in a "
+    "fresh child process, so one batch's OOM cannot disturb the next).",
+)
+@model_options
+@budget_options
+@json_option
+def measure(
+    model: str,
+    batch_size: list[int],
+    repeats: int,
+    in_process: bool,
+    input_shape: Any,
+    classes: int | None,
+    optimizer: str | None,
+    loss: str | None,
+    data_spec: str | None,
+    unsafe: bool,
+    memory: str | None,
+    device: str | None,
+    as_json: bool,
+) -> None:
+    """Measure the peak memory of one real training step of MODEL.
+
+    MODEL is a .keras file, package.module:factory, or a built-in such as
+    keras.applications.MobileNetV2. A batch that does not fit is reported as out of memory.
+    """
+    check_model_spec(model)
+    isolated = not in_process
+    budget = apply_budget(memory, device)
+    from memfit.measure import measure as run_measure
+
+    results = []
+    with err.status("Loading model", spinner="dots") as status:
+        if isolated:
+            target: Any = model
+        else:
+            from memfit._child import load_dataset
+            from memfit.models import load_model
+
+            target = load_model(
+                model, input_shape=input_shape, classes=classes, safe_mode=not unsafe
+            )
+            data = load_dataset(data_spec) if data_spec else None
+        for size in sorted(batch_size):
+            status.update(f"Measuring batch {size}")
+            kwargs: dict[str, Any] = {
+                "input_shape": input_shape,
+                "optimizer": optimizer,
+                "loss": loss,
+                "repeats": repeats,
+                "budget": budget,
+            }
+            if isolated:
+                kwargs["data"] = data_spec
+                result = run_measure(target, size, isolated=True, **kwargs)
+            else:
+                kwargs["data"] = data
+
+                def report(text: str, _status: Any = status) -> None:
+                    _status.update(f"Measuring {text}")
+
+                result = run_measure(target, size, on_progress=report, **kwargs)
+            results.append(result)
+            if not as_json:
+                err.print(f"  {result}")
+    if as_json:
+        payload = [r.to_dict() for r in results]
+        _print_json(payload[0] if len(payload) == 1 else {"measurements": payload})
+        return
+    _render_measurements(model, results)
+
+
+def _render_measurements(model: str, results: list[Any]) -> None:
+    budget = results[0].budget
+    title = f"{model}: one training step on {results[0].device}" + (
+        f", budget {format_size(budget.usable_bytes)} ({budget.name})" if budget else ""
+    )
+    table = Table(title=title, title_justify="left")
+    for column in ("batch", "peak", "spread", "resident", "step time", "headroom", "result"):
+        table.add_column(column, justify="left" if column == "result" else "right")
+    for r in results:
+        if r.oom:
+            table.add_row(
+                str(r.batch_size),
+                f">{format_size(r.peak_bytes)}",
+                "-",
+                format_size(r.resident_bytes),
+                "-",
+                "-",
+                "[bold red]out of memory[/]",
+            )
+        else:
+            table.add_row(
+                str(r.batch_size),
+                format_size(r.peak_bytes),
+                f"± {format_size(r.peak_spread_bytes)}",
+                format_size(r.resident_bytes),
+                f"{r.step_seconds:.3f} s",
+                format_size(r.headroom_bytes),
+                "[green]fits[/]",
+            )
+    out.print(table)
+    out.print(
+        "peak: highest allocator bytes in use over the measured steps (weights, optimizer "
+        "slots, batch, activations, gradients, temporaries); spread: highest minus lowest peak."
+    )
+
+
+# -- entry point ----------------------------------------------------------------------------
+def main(argv: list[str] | None = None) -> None:
+    """Run the CLI: user errors become one line on stderr and exit status 2."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    try:
+        cli.main(args=argv, prog_name="memfit", standalone_mode=False)
+    except click.exceptions.Exit as exc:
+        sys.exit(exc.exit_code)
+    except click.UsageError as exc:
+        hint = f" (see 'memfit {exc.ctx.info_name} --help')" if exc.ctx and exc.ctx.parent else ""
+        _fail(f"{exc.format_message()}{hint}", 2)
+    except click.Abort:
+        _fail("interrupted", 130)
+    except KeyboardInterrupt:
+        _fail("interrupted", 130)
+    except MemfitError as exc:
+        _fail(str(exc), 2)
+    except BrokenPipeError:
+        sys.exit(0)
+    sys.exit(0)
+
+
+def _fail(message: str, code: int) -> None:
+    line = " ".join(message.split())
+    print(f"memfit: error: {line}", file=sys.stderr)
+    sys.exit(code)
+
+
+__all__ = ["cli", "main", "MODEL_FORMS"]

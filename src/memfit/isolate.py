@@ -1,0 +1,253 @@
+"""Run memfit work in a fresh child process, under its own emulated budget."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from memfit.budget import Budget
+from memfit.errors import MeasurementError, MemfitError, WorkloadError
+
+# How the child learns its job: a JSON file with the function to call and its arguments.
+_CHILD_MODULE = "memfit._child"
+OOM_GRACE_SECONDS = 30.0
+RESIDENT_MARK = "memfit-child: resident_bytes="
+_MAX_IN_USE = re.compile(r"MaxInUse:\s*(\d+)")
+
+
+@dataclass
+class _ChildRun:
+    returncode: int
+    stderr: str
+    hung_after_oom: bool = False
+    max_in_use: int | None = None
+    resident: int | None = None
+    oom_line: str | None = None
+
+
+def _run_watched(
+    command: list[str], env: dict[str, str], timeout: float | None, oom_grace: float
+) -> _ChildRun:
+    """Run the child, reading its log; stop it if it hangs after an OOM or runs past timeout."""
+    proc = subprocess.Popen(
+        command,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        errors="replace",
+    )
+    state = _ChildRun(returncode=0, stderr="")
+    lines: list[str] = []
+    last_oom: list[float] = []
+
+    def read() -> None:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            lines.append(line)
+            del lines[:-200]
+            if "OOM when allocating" in line:
+                last_oom.append(time.monotonic())
+                state.oom_line = state.oom_line or line.strip()[line.find("OOM") :][:300]
+            match = _MAX_IN_USE.search(line)
+            if match:
+                state.max_in_use = max(state.max_in_use or 0, int(match.group(1)))
+            if line.startswith(RESIDENT_MARK):
+                state.resident = int(line[len(RESIDENT_MARK) :].strip())
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    started = time.monotonic()
+    while proc.poll() is None:
+        time.sleep(0.2)
+        now = time.monotonic()
+        if last_oom and now - last_oom[-1] > oom_grace:
+            proc.kill()
+            state.hung_after_oom = True
+            break
+        if timeout is not None and now - started > timeout:
+            proc.kill()
+            proc.wait()
+            raise MeasurementError(f"the child process did not finish within {timeout:.0f} s")
+    proc.wait()
+    reader.join(timeout=5)
+    state.returncode = proc.returncode
+    state.stderr = "".join(lines)
+    return state
+
+
+def run_in_child(
+    function: str,
+    kwargs: dict[str, Any],
+    *,
+    budget: Budget | None = None,
+    env: dict[str, str] | None = None,
+    timeout: float | None = None,
+    oom_grace: float = OOM_GRACE_SECONDS,
+) -> Any:
+    """Call `package.module:function(**kwargs)` in a fresh Python process and return its result.
+
+    The child starts with no TensorFlow state, so an emulated `budget` (applied through
+    `MEMFIT_MEMORY` before TensorFlow initialises) and any allocator damage stay inside it.
+    Arguments and result travel as JSON. A `MemfitError` raised in the child is raised again
+    here with the same message.
+
+    Args:
+        function: `"package.module:function"` to call in the child.
+        kwargs: JSON-serialisable keyword arguments.
+        budget: emulate this budget in the child.
+        env: extra environment variables for the child.
+        timeout: seconds before the child is killed.
+        oom_grace: seconds a child may go on after TensorFlow logged an OOM before it is
+            taken as hung and stopped. TensorFlow 2.21 can hang inside a step whose OOM
+            strikes while the optimizer updates variables; the child's result is then
+            `{"hung_after_oom": True, ...}` with what its log said.
+    """
+    child_env = dict(os.environ)
+    for key in ("MEMFIT_MEMORY", "MEMFIT_DEVICE"):
+        child_env.pop(key, None)
+    if budget is not None:
+        # A fresh process decides the allocator itself: drop limits inherited from this one.
+        for key in (
+            "MEMFIT_EMULATED_BYTES",
+            "MEMFIT_EMULATED_NAME",
+            "MEMFIT_EMULATED_ON",
+            "TF_CPU_BFC_MEM_LIMIT_IN_MB",
+        ):
+            child_env.pop(key, None)
+        child_env["MEMFIT_MEMORY"] = str(budget.usable_bytes)
+    # The parent watches TensorFlow's allocator log (OOM lines, MaxInUse) on the child's stderr.
+    child_env["TF_CPP_MIN_LOG_LEVEL"] = "0"
+    child_env.update(env or {})
+    with tempfile.TemporaryDirectory(prefix="memfit-child-") as tmp:
+        job = os.path.join(tmp, "job.json")
+        out = os.path.join(tmp, "result.json")
+        with open(job, "w") as handle:
+            json.dump({"function": function, "kwargs": kwargs, "result": out}, handle)
+        proc = _run_watched(
+            [sys.executable, "-m", _CHILD_MODULE, job], child_env, timeout, oom_grace
+        )
+        if proc.hung_after_oom:
+            return {
+                "hung_after_oom": True,
+                "max_in_use_bytes": proc.max_in_use,
+                "resident_bytes": proc.resident,
+                "oom_message": proc.oom_line,
+            }
+        if not os.path.exists(out):
+            raise MeasurementError(_describe_death(proc))
+        with open(out) as handle:
+            payload = json.load(handle)
+    if payload.get("error"):
+        error = payload["error"]
+        raise (
+            MemfitError(error["message"])
+            if error.get("memfit")
+            else MeasurementError(f"the child process failed: {error['type']}: {error['message']}")
+        )
+    return payload["result"]
+
+
+def _describe_death(proc: _ChildRun) -> str:
+    code = proc.returncode
+    tail = " | ".join(line for line in (proc.stderr or "").strip().splitlines()[-3:])
+    if code < 0:
+        name = signal.Signals(-code).name
+        return (
+            f"the child process was killed by {name}"
+            + (
+                " (with oneDNN on, this is how TensorFlow's CPU kernels can die on OOM)"
+                if name == "SIGSEGV"
+                else ""
+            )
+            + (f": {tail}" if tail else "")
+        )
+    return f"the child process exited with status {code}" + (f": {tail}" if tail else "")
+
+
+def measure_in_child(
+    model: Any,
+    batch_size: int,
+    *,
+    data: Any,
+    input_shape: Any,
+    optimizer: Any,
+    loss: Any,
+    repeats: int,
+    budget: Budget | None,
+) -> Any:
+    """`memfit.measure(..., isolated=True)`: the measurement made in a fresh child process."""
+    from memfit.measure import Measurement
+
+    for name, value in (("optimizer", optimizer), ("loss", loss)):
+        if value is not None and not isinstance(value, str):
+            raise WorkloadError(f"with isolated=True, {name} must be given by name (a string)")
+    if data is not None and not isinstance(data, str):
+        raise WorkloadError(
+            "with isolated=True, data must be a 'package.module:dataset_fn' string that the "
+            "child process can import"
+        )
+    with tempfile.TemporaryDirectory(prefix="memfit-model-") as tmp:
+        spec = model if isinstance(model, str) else _save_for_child(model, tmp)
+        result = run_in_child(
+            "memfit._child:measure_spec",
+            {
+                "spec": spec,
+                "batch_size": int(batch_size),
+                "data": data,
+                "input_shape": [list(s) for s in _shapes(input_shape)] if input_shape else None,
+                "optimizer": optimizer,
+                "loss": loss,
+                "repeats": repeats,
+            },
+            budget=budget,
+        )
+    if result.get("hung_after_oom"):
+        return Measurement(
+            batch_size=int(batch_size),
+            device="GPU:0" if os.environ.get("MEMFIT_EMULATED_ON") == "GPU" else "CPU:0",
+            oom=True,
+            peak_bytes=result["max_in_use_bytes"],
+            resident_bytes=result["resident_bytes"] or 0,
+            step_seconds=None,
+            oom_message=(result["oom_message"] or "OOM")
+            + " (TensorFlow hung after this OOM; the child process was stopped)",
+            budget=budget,
+        )
+    budget_data = result.pop("budget", None)
+    for key in list(result):
+        if key not in Measurement.__dataclass_fields__:
+            result.pop(key)
+    measurement = Measurement(**result)
+    measurement.budget = (
+        Budget(**{**budget_data, "notes": tuple(budget_data["notes"])}) if budget_data else budget
+    )
+    return measurement
+
+
+def _shapes(shape: Any) -> list[Any]:
+    items = list(shape)
+    return items if items and isinstance(items[0], (list, tuple)) else [items]
+
+
+def _save_for_child(model: Any, folder: str) -> str:
+    path = os.path.join(folder, "model.keras")
+    try:
+        model.save(path)
+    except Exception as exc:  # noqa: BLE001 - any save failure means "cannot isolate this"
+        raise WorkloadError(
+            f"isolated=True needs a model the child process can rebuild, but saving it failed "
+            f"({type(exc).__name__}: {exc}); give a MODEL string (.keras file or "
+            f"package.module:factory) instead"
+        ) from None
+    return path

@@ -1,0 +1,310 @@
+"""Measure: run one real training step at a batch size and read the device's peak memory."""
+
+from __future__ import annotations
+
+import gc
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from memfit.backend import tf as tfb
+from memfit.budget import Budget, as_budget, emulated_budget
+from memfit.errors import WorkloadError
+from memfit.sizes import format_size
+from memfit.workload import InputShape, Workload
+
+DEFAULT_REPEATS = 3
+
+
+@dataclass
+class Measurement:
+    """What one training step costs at a batch size, measured on a device.
+
+    Attributes:
+        batch_size: samples in the step.
+        device: the TensorFlow device measured (`"CPU:0"`, `"GPU:0"`).
+        oom: whether the step ran out of memory (a real `ResourceExhaustedError`).
+        peak_bytes: the allocator's highest in-use bytes during the step (max over the
+            measured repeats); absolute, so it includes `resident_bytes`. When `oom`, the
+            highest bytes reached before the failing allocation (a lower bound).
+        resident_bytes: bytes in use before the step: weights, optimizer slots and anything
+            else the process holds on the device.
+        step_seconds: median wall time of a step after tracing (None when `oom`).
+        peaks_bytes: the peak of each measured repeat, to show the spread.
+        oom_message: which allocation failed, from TensorFlow's message.
+        budget: the budget the step was measured under (an emulation or the given budget).
+        input_shapes: shape of one sample per input.
+        leaked_bytes: device bytes still held after the measurement compared with before
+            (0 when memfit cleaned up fully).
+    """
+
+    batch_size: int
+    device: str
+    oom: bool
+    peak_bytes: int | None
+    resident_bytes: int
+    step_seconds: float | None
+    peaks_bytes: list[int] = field(default_factory=list)
+    oom_message: str | None = None
+    budget: Budget | None = None
+    input_shapes: list[list[int]] = field(default_factory=list)
+    leaked_bytes: int = 0
+    trace_seconds: float | None = None
+
+    @property
+    def step_bytes(self) -> int | None:
+        """Bytes the step itself needs on top of what was resident."""
+        return None if self.peak_bytes is None else self.peak_bytes - self.resident_bytes
+
+    @property
+    def peak_spread_bytes(self) -> int:
+        """Highest minus lowest peak across repeats: how much the allocator's history moved it."""
+        return max(self.peaks_bytes) - min(self.peaks_bytes) if self.peaks_bytes else 0
+
+    @property
+    def headroom_bytes(self) -> int | None:
+        """Budget left above the peak (negative: over budget), when a budget is known."""
+        if self.budget is None or self.peak_bytes is None:
+            return None
+        return self.budget.usable_bytes - self.peak_bytes
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict: sizes in bytes (`*_bytes`), times in seconds (`*_seconds`)."""
+        data = asdict(self)
+        data["budget"] = self.budget.to_dict() if self.budget else None
+        data["step_bytes"] = self.step_bytes
+        data["peak_spread_bytes"] = self.peak_spread_bytes
+        data["peak_min_bytes"] = min(self.peaks_bytes) if self.peaks_bytes else None
+        data["peak_median_bytes"] = (
+            int(statistics.median(self.peaks_bytes)) if self.peaks_bytes else None
+        )
+        data["headroom_bytes"] = self.headroom_bytes
+        data["repeats"] = len(self.peaks_bytes)
+        return data
+
+    def __str__(self) -> str:
+        if self.oom:
+            return (
+                f"batch {self.batch_size}: out of memory on {self.device} "
+                f"(reached {format_size(self.peak_bytes)}"
+                + (f" of {format_size(self.budget.usable_bytes)}" if self.budget else "")
+                + ")"
+            )
+        return (
+            f"batch {self.batch_size}: peak {format_size(self.peak_bytes)} "
+            f"(± {format_size(self.peak_spread_bytes)}), resident "
+            f"{format_size(self.resident_bytes)}, {self.step_seconds:.3f} s/step"
+        )
+
+
+def measure(
+    model: Any,
+    batch_size: int,
+    *,
+    data: Any = None,
+    input_shape: InputShape | None = None,
+    optimizer: Any = None,
+    loss: Any = None,
+    repeats: int = DEFAULT_REPEATS,
+    device: str | None = None,
+    budget: Budget | str | int | None = None,
+    isolated: bool = False,
+    on_progress: Callable[[str], None] | None = None,
+) -> Measurement:
+    """Run one real training step of `model` at `batch_size` and measure its peak memory.
+
+    The step is the model's own `train_step` (its compiled loss and optimizer, or the given
+    ones), so custom training steps are measured as they train. Protocol: one warm-up step
+    (traces the function and settles the allocator), then `repeats` steps, each after resetting
+    the allocator's peak; `peak_bytes` is the highest of them and `peaks_bytes` shows the
+    spread. Afterwards every weight, optimizer variable (iteration count included), metric and
+    RNG state is restored bit for bit, and the batch is freed, so the device holds what it held
+    before.
+
+    On CPU the allocator keeps statistics only when memfit switched on TensorFlow's BFC
+    allocator before TensorFlow initialised (`memfit.emulate`, `MEMFIT_MEMORY`, the CLI's
+    `--memory`); otherwise use `isolated=True`.
+
+    Args:
+        model: a Keras model, or (with `isolated=True`) a MODEL string
+            (`.keras` file, `package.module:factory`, `keras.applications.Name`).
+        batch_size: samples in the step (at least 1).
+        data: a `tf.data.Dataset` of unbatched `(x, y)` samples; default: synthesised samples.
+            With `isolated=True`: a `package.module:dataset_fn` string.
+        input_shape: shape of one sample for models with undefined input dimensions.
+        optimizer: optimizer to compile with (default: the model's own, else Adam).
+        loss: loss to compile with (default: the model's own, else one chosen for the output).
+        repeats: measured steps after the warm-up (at least 1).
+        device: device to measure (default `GPU:0` when present, else `CPU:0`).
+        budget: in-process: the budget to compare against (default: the emulated one).
+            Isolated: the budget to emulate in the child process.
+        isolated: measure in a fresh child process, for devices where an OOM leaves the process
+            unusable, or when this process cannot measure (TensorFlow already initialised).
+        on_progress: called with a short text at each phase (for progress displays).
+
+    Returns:
+        A `Measurement`; `oom=True` when the step ran out of memory.
+
+    Example:
+        ```python
+        import memfit
+        memfit.emulate("1GiB")
+        model = keras.applications.MobileNetV2(weights=None, input_shape=(160, 160, 3))
+        model.compile("adam", "sparse_categorical_crossentropy")
+        print(memfit.measure(model, batch_size=16))
+        ```
+    """
+    _check_batch_size(batch_size)
+    if repeats < 1:
+        raise WorkloadError(f"repeats must be at least 1, got {repeats}")
+    if isolated:
+        from memfit.isolate import measure_in_child
+
+        return measure_in_child(
+            model,
+            batch_size,
+            data=data,
+            input_shape=input_shape,
+            optimizer=optimizer,
+            loss=loss,
+            repeats=repeats,
+            budget=as_budget(budget),
+        )
+    if isinstance(model, str):
+        raise WorkloadError(
+            "measure() takes a keras.Model in this process; to measure a MODEL string, "
+            "pass isolated=True or load it with memfit.load_model()"
+        )
+    progress = on_progress or (lambda _text: None)
+    workload = Workload(model, optimizer=optimizer, loss=loss, input_shape=input_shape, data=data)
+    return _measure_workload(
+        workload,
+        batch_size,
+        repeats=repeats,
+        device=device or tfb.default_device(),
+        budget=as_budget(budget) or emulated_budget(),
+        progress=progress,
+    )
+
+
+def _check_batch_size(batch_size: Any) -> None:
+    if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)):
+        raise WorkloadError(f"batch size must be a whole number, got {batch_size!r}")
+    if batch_size < 1:
+        raise WorkloadError(f"batch size must be at least 1, got {batch_size}")
+
+
+def _measure_workload(
+    workload: Workload,
+    batch_size: int,
+    *,
+    repeats: int,
+    device: str,
+    budget: Budget | None,
+    progress: Callable[[str], None],
+) -> Measurement:
+    tf = tfb.import_tf()
+    model = workload.model
+    tfb.require_memory_stats(device)
+    _build_optimizer(model)
+    state = workload.state_variables()
+
+    gc.collect()
+    resident = tfb.memory_info(device)["current"]  # type: ignore[index]
+    saved = [np.array(v.numpy(), copy=True) for v in state]
+
+    result = Measurement(
+        batch_size=int(batch_size),
+        device=device,
+        oom=False,
+        peak_bytes=None,
+        resident_bytes=resident,
+        step_seconds=None,
+        budget=budget,
+    )
+    step = tf.function(model.train_step, jit_compile=bool(getattr(model, "jit_compile", False)))
+    times: list[float] = []
+    try:
+        with tf.device(device):
+            progress(f"batch {batch_size}: preparing inputs")
+            x, y = workload.batch(int(batch_size))
+            result.input_shapes = [list(t.shape[1:]) for t in tf.nest.flatten(x)]
+            data = (x, y)
+            for index in range(repeats + 1):
+                progress(
+                    f"batch {batch_size}: tracing and warm-up step"
+                    if index == 0
+                    else f"batch {batch_size}: step {index}/{repeats}"
+                )
+                tfb.reset_peak(device)
+                start = time.perf_counter()
+                try:
+                    logs = step(data)
+                    tf.nest.map_structure(lambda t: t.numpy() if hasattr(t, "numpy") else t, logs)
+                    del logs
+                except tf.errors.ResourceExhaustedError as exc:
+                    result.oom = True
+                    result.oom_message = tfb.oom_summary(exc)
+                    info = tfb.memory_info(device) or {"peak": 0}
+                    result.peak_bytes = max([info["peak"], *result.peaks_bytes])
+                    del exc
+                    break
+                elapsed = time.perf_counter() - start
+                peak = tfb.memory_info(device)["peak"]  # type: ignore[index]
+                if index == 0:
+                    result.trace_seconds = elapsed
+                    continue
+                times.append(elapsed)
+                result.peaks_bytes.append(peak)
+            del data, x, y
+    finally:
+        _restore(state, saved)
+        del saved, step
+        gc.collect()
+    if not result.oom:
+        result.peak_bytes = max(result.peaks_bytes)
+        result.step_seconds = statistics.median(times)
+    after = tfb.memory_info(device)
+    result.leaked_bytes = (after["current"] - resident) if after else 0
+    return result
+
+
+def _restore(variables: list[Any], values: list[np.ndarray]) -> None:
+    """Write saved values back bit for bit, in place where TensorFlow allows it.
+
+    `assign` always gives a variable a new buffer (copy-on-write), which moves it to another
+    allocator chunk; rows written with `scatter_update` stay in the variable's own buffer, so
+    the device's bytes in use come back closer to where they were.
+    """
+    tf = tfb.import_tf()
+    for var, value in zip(variables, values, strict=True):
+        target = getattr(var, "value", var)  # the tf.Variable behind a Keras variable
+        if value.ndim == 0 or not hasattr(target, "scatter_update"):
+            target.assign(value)
+            continue
+        update = tf.IndexedSlices(tf.constant(value, dtype=target.dtype), tf.range(value.shape[0]))
+        target.scatter_update(update)
+
+
+def _build_optimizer(model: Any) -> None:
+    """Create the optimizer's slots now, so resident bytes include them (as in training)."""
+    optimizer = model.optimizer
+    if optimizer is None:
+        raise WorkloadError("the model has no optimizer; compile it or pass optimizer=")
+    if not getattr(optimizer, "built", True):
+        optimizer.build(model.trainable_variables)
+
+
+def measure_many(
+    model: Any,
+    batch_sizes: list[int],
+    **kwargs: Any,
+) -> list[Measurement]:
+    """Measure several batch sizes in ascending order (one warm-up each); see `measure`."""
+    for size in batch_sizes:
+        _check_batch_size(size)
+    return [measure(model, size, **kwargs) for size in sorted(batch_sizes)]

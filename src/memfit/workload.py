@@ -1,0 +1,254 @@
+"""Workload: what is trained — a compiled Keras model and where its samples come from."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from memfit.backend import tf as tfb
+from memfit.errors import WorkloadError
+
+InputShape = Sequence[int] | Sequence[Sequence[int]]
+
+
+class Workload:
+    """A compiled Keras model plus the samples one training step is made of.
+
+    Samples are synthesised from the model's input shapes (random images, say) with targets
+    that suit its outputs and loss, or drawn from a `tf.data.Dataset` of unbatched `(x, y)`
+    samples (needed for models with dict targets, such as detectors).
+
+    Args:
+        model: a Keras model. Compiled models keep their optimizer and loss.
+        optimizer: compile the model with this optimizer (default: the model's own; `"adam"`
+            for a model that is not compiled).
+        loss: compile the model with this loss (default: the model's own; chosen from the
+            output for a model that is not compiled).
+        input_shape: the shape of one sample (without batch), for models whose inputs have
+            undefined dimensions; a list of shapes for several inputs.
+        data: a `tf.data.Dataset` of unbatched `(x, y)` samples to take batches from.
+
+    Example:
+        >>> workload = Workload(model, input_shape=(160, 160, 3))
+        >>> x, y = workload.batch(8)
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        *,
+        optimizer: Any = None,
+        loss: Any = None,
+        input_shape: InputShape | None = None,
+        data: Any = None,
+    ) -> None:
+        keras = tfb.import_keras()
+        if not isinstance(model, keras.Model):
+            raise WorkloadError(
+                f"expected a keras.Model, got {type(model).__name__}; pass the model object "
+                f"(or, on the command line, a .keras file, factory or built-in name)"
+            )
+        self.model = model
+        self.data = data
+        self.input_shape = _normalise_shapes(input_shape)
+        self._ensure_built()
+        self._ensure_compiled(optimizer, loss)
+
+    # -- preparation ------------------------------------------------------------------------
+    def _ensure_built(self) -> None:
+        if self.model.built and self._model_inputs() is not None:
+            return
+        if self.input_shape is None:
+            if self.data is not None:
+                return
+            raise WorkloadError(
+                f"model {self.model.name!r} has no known input shape; pass input_shape=(H, W, C) "
+                f"(--input-shape H,W,C)"
+            )
+        shapes = [(None, *shape) for shape in self.input_shape]
+        self.model.build(shapes[0] if len(shapes) == 1 else shapes)
+
+    def _ensure_compiled(self, optimizer: Any, loss: Any) -> None:
+        compiled = bool(getattr(self.model, "compiled", False)) and self.model.optimizer is not None
+        if compiled and optimizer is None and loss is None:
+            return
+        optimizer = optimizer or (self.model.optimizer if compiled else None) or "adam"
+        loss = loss or (self.model.loss if compiled else None) or self._default_loss()
+        self.model.compile(optimizer=optimizer, loss=loss)
+
+    def _default_loss(self) -> str:
+        outputs = self._model_outputs()
+        last = self.model.layers[-1] if getattr(self.model, "layers", None) else None
+        activation = getattr(getattr(last, "activation", None), "__name__", "")
+        if outputs and len(outputs) == 1:
+            classes = outputs[0].shape[-1]
+            if activation == "softmax" and classes and classes > 1:
+                return "sparse_categorical_crossentropy"
+            if activation == "sigmoid":
+                return "binary_crossentropy"
+        return "mean_squared_error"
+
+    # -- shapes -----------------------------------------------------------------------------
+    def _model_inputs(self) -> list[Any] | None:
+        try:
+            inputs = self.model.inputs
+        except (AttributeError, ValueError):
+            return None
+        return list(inputs) if inputs else None
+
+    def _model_outputs(self) -> list[Any] | None:
+        try:
+            outputs = self.model.outputs
+        except (AttributeError, ValueError):
+            return None
+        return list(outputs) if outputs else None
+
+    def sample_shapes(self) -> list[tuple[int, ...]]:
+        """Shape of one sample per model input (batch dimension left out)."""
+        if self.input_shape is not None:
+            return [tuple(s) for s in self.input_shape]
+        inputs = self._model_inputs()
+        if not inputs:
+            raise WorkloadError(
+                f"model {self.model.name!r} has no known input shape; pass input_shape=(H, W, C)"
+            )
+        shapes = []
+        for tensor in inputs:
+            dims = tuple(tensor.shape[1:])
+            if any(d is None for d in dims):
+                name = getattr(tensor, "name", "input")
+                raise WorkloadError(
+                    f"model input {name!r} has undefined dimensions {tuple(tensor.shape)}; pass "
+                    f"input_shape=(H, W, C) (--input-shape H,W,C) for the size you train at"
+                )
+            shapes.append(dims)
+        return shapes
+
+    # -- batches ----------------------------------------------------------------------------
+    def batch(self, batch_size: int) -> tuple[Any, Any]:
+        """One batch `(x, y)` of `batch_size` samples as TensorFlow tensors."""
+        if self.data is not None:
+            return self._batch_from_data(batch_size)
+        return self._synthetic_batch(batch_size)
+
+    def _synthetic_batch(self, batch_size: int) -> tuple[Any, Any]:
+        tf = tfb.import_tf()
+        rng = np.random.default_rng(0)
+        inputs = self._model_inputs() or []
+        xs = []
+        for i, shape in enumerate(self.sample_shapes()):
+            dtype = str(getattr(inputs[i], "dtype", "float32")) if i < len(inputs) else "float32"
+            full = (batch_size, *shape)
+            if "int" in dtype:
+                xs.append(tf.zeros(full, dtype=dtype))
+            else:
+                xs.append(tf.constant(rng.standard_normal(full, dtype=np.float32), dtype=dtype))
+        x = xs[0] if len(xs) == 1 else xs
+        y = self._synthetic_targets(batch_size, x)
+        return x, y
+
+    def _synthetic_targets(self, batch_size: int, x: Any) -> Any:
+        tf = tfb.import_tf()
+        outputs = self._model_outputs()
+        if outputs:
+            shapes = [tuple(o.shape[1:]) for o in outputs]
+        else:
+            sample = x[:1] if not isinstance(x, list) else [t[:1] for t in x]
+            result = self.model(sample, training=False)
+            flat = result if isinstance(result, (list, tuple)) else [result]
+            shapes = [tuple(t.shape[1:]) for t in flat]
+        losses = self._losses(len(shapes))
+        rng = np.random.default_rng(1)
+        ys = []
+        for shape, loss in zip(shapes, losses, strict=True):
+            if any(d is None for d in shape):
+                raise WorkloadError(
+                    f"cannot synthesise targets for an output of shape {shape}; give real "
+                    f"samples with data= (--data package.module:dataset_fn)"
+                )
+            full = (batch_size, *shape)
+            if "sparse" in loss:
+                classes = shape[-1] if shape else 2
+                ys.append(tf.constant(rng.integers(0, max(classes, 1), full[:-1]), dtype="int32"))
+            elif "categorical" in loss or "kl" in loss:
+                labels = rng.integers(0, shape[-1], full[:-1])
+                ys.append(tf.one_hot(labels, shape[-1], dtype="float32"))
+            elif "binary" in loss or "hinge" in loss:
+                ys.append(tf.constant(rng.integers(0, 2, full).astype(np.float32)))
+            else:
+                ys.append(tf.constant(rng.random(full, dtype=np.float32)))
+        return ys[0] if len(ys) == 1 else ys
+
+    def _losses(self, count: int) -> list[str]:
+        loss = getattr(self.model, "loss", None)
+        if isinstance(loss, dict):
+            names = list(getattr(self.model, "output_names", []) or loss.keys())
+            items = [loss.get(name) for name in names]
+        elif isinstance(loss, (list, tuple)):
+            items = list(loss)
+        else:
+            items = [loss] * count
+        items = (items + [None] * count)[:count]
+        return [_loss_name(item) for item in items]
+
+    def _batch_from_data(self, batch_size: int) -> tuple[Any, Any]:
+        tf = tfb.import_tf()
+        dataset = self.data
+        if not isinstance(dataset, tf.data.Dataset):
+            raise WorkloadError(
+                f"data must be a tf.data.Dataset of (x, y) samples, got {type(dataset).__name__}"
+            )
+        spec = dataset.element_spec
+        if not (isinstance(spec, tuple) and len(spec) in (2, 3)):
+            raise WorkloadError(
+                f"data must yield (x, y) or (x, y, sample_weight) samples; it yields {spec!r}"
+            )
+        defined = all(s.shape.is_fully_defined() for s in tf.nest.flatten(spec))
+        dataset = dataset.repeat().take(batch_size)
+        dataset = dataset.batch(batch_size) if defined else dataset.padded_batch(batch_size)
+        try:
+            batch = dataset.get_single_element()
+        except tf.errors.OutOfRangeError:
+            raise WorkloadError("data is empty: it yields no samples") from None
+        return batch[0], batch[1]
+
+    def state_variables(self) -> list[Any]:
+        """Every variable a training step can change: weights, optimizer, metrics, RNG."""
+        seen: set[int] = set()
+        result = []
+        groups = [
+            list(self.model.variables),
+            list(getattr(self.model.optimizer, "variables", []) or []),
+            list(getattr(self.model, "metrics_variables", []) or []),
+        ]
+        for group in groups:
+            for var in group:
+                if id(var) not in seen:
+                    seen.add(id(var))
+                    result.append(var)
+        return result
+
+
+def _normalise_shapes(shape: InputShape | None) -> list[tuple[int, ...]] | None:
+    if shape is None:
+        return None
+    items = list(shape)
+    if items and isinstance(items[0], (list, tuple)):
+        shapes = [tuple(int(d) for d in s) for s in items]
+    else:
+        shapes = [tuple(int(d) for d in items)]
+    for s in shapes:
+        if not s or any(d <= 0 for d in s):
+            raise WorkloadError(f"input shape {s} must be positive dimensions, e.g. 224,224,3")
+    return shapes
+
+
+def _loss_name(loss: Any) -> str:
+    if loss is None:
+        return ""
+    if isinstance(loss, str):
+        return loss.lower()
+    name = getattr(loss, "name", None) or getattr(loss, "__name__", None) or type(loss).__name__
+    return str(name).lower()

@@ -1,0 +1,66 @@
+"""Test utilities: run code in a fresh Python process (own TensorFlow, own emulated budget)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from typing import Any
+
+RESULT_MARK = "MEMFIT-TEST-RESULT:"
+
+
+def run_isolated(code: str, env: dict[str, str] | None = None, timeout: int = 600) -> Any:
+    """Run `code` in a child Python process and return what it passed to `emit(...)`.
+
+    The child gets a function `emit(obj)` that sends one JSON-serialisable result back.
+    Budgets go in through `env` (e.g. {"MEMFIT_MEMORY": "384MiB"}) so they are applied before
+    TensorFlow initialises. A child that fails raises AssertionError with its stderr.
+    """
+    prelude = textwrap.dedent(
+        f"""
+        import json as _json
+        def emit(obj):
+            print({RESULT_MARK!r} + _json.dumps(obj), flush=True)
+        """
+    )
+    child_env = {k: v for k, v in os.environ.items() if not k.startswith(("MEMFIT_", "TF_CPU_BFC"))}
+    child_env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    child_env.update(env or {})
+    proc = subprocess.run(
+        [sys.executable, "-c", prelude + textwrap.dedent(code)],
+        env=child_env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+    )
+    results = [
+        line[len(RESULT_MARK) :]
+        for line in proc.stdout.splitlines()
+        if line.startswith(RESULT_MARK)
+    ]
+    if proc.returncode != 0 or not results:
+        raise AssertionError(
+            f"child exited {proc.returncode}\n--- stdout\n{proc.stdout[-3000:]}\n"
+            f"--- stderr\n{proc.stderr[-5000:]}"
+        )
+    return json.loads(results[-1])
+
+
+def run_cli(
+    *args: str, env: dict[str, str] | None = None, timeout: int = 600
+) -> subprocess.CompletedProcess[str]:
+    """Run `memfit ARGS...` as a user would, in a fresh process."""
+    child_env = {k: v for k, v in os.environ.items() if not k.startswith(("MEMFIT_", "TF_CPU_BFC"))}
+    child_env.update(env or {})
+    return subprocess.run(
+        [sys.executable, "-m", "memfit", *args],
+        env=child_env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+    )

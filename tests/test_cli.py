@@ -1,0 +1,113 @@
+"""The CLI as a user runs it: JSON outputs and one-line errors (exit 2, no traceback)."""
+
+import json
+
+import pytest
+from helpers import run_cli
+
+
+def _assert_one_line_error(proc, fragment):
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("memfit: error:")
+    assert fragment in lines[0]
+    assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["doctor", "--memory", "banana"], "'banana' is not a memory size"),
+        (["doctor", "--memory=-1"], "negative"),
+        (["doctor", "--memory", "0"], "zero"),
+        (["measure", "keras.applications.MobileNetV2", "--memory", "banana"], "not a memory size"),
+        (["doctor", "--device", "NotACard"], "T4, L4, V100-16GB"),
+        (["measure", "does/not/exist.keras"], "does not exist"),
+        (["measure", "keras.applications.MobileNetV2", "--batch-size", "0"], "batch size"),
+        (["measure", "keras.applications.MobileNetV2", "--batch-size", "4,x"], "batch size"),
+        (["measure"], "Missing argument 'MODEL'"),
+        (
+            ["measure", "keras.applications.MobileNetV2", "--memory", "1GiB", "--device", "T4"],
+            "not both",
+        ),
+    ],
+)
+def test_user_errors_are_one_line(args, fragment):
+    _assert_one_line_error(run_cli(*args), fragment)
+
+
+def test_model_errors_are_one_line(tmp_path):
+    bad = tmp_path / "notes.keras"
+    bad.write_text("hello")
+    _assert_one_line_error(run_cli("measure", str(bad)), "not a Keras model file")
+    (tmp_path / "fac.py").write_text(
+        "def boom():\n    raise RuntimeError('weights file is corrupt')\n"
+    )
+    env = {"PYTHONPATH": str(tmp_path)}
+    _assert_one_line_error(
+        run_cli("measure", "fac:missing_factory", env=env), "has no 'missing_factory'"
+    )
+    _assert_one_line_error(run_cli("measure", "fac:boom", env=env), "weights file is corrupt")
+
+
+def test_every_command_has_help():
+    for command in ([], ["doctor"], ["measure"]):
+        proc = run_cli(*command, "--help")
+        assert proc.returncode == 0 and "Usage:" in proc.stdout
+    assert "--json" in run_cli("measure", "--help").stdout
+    assert "--memory" in run_cli("doctor", "--help").stdout
+
+
+def test_doctor_json_shows_cpu_and_the_emulated_budget():
+    proc = run_cli("doctor", "--json", "--memory", "1GiB")
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    cpu = next(d for d in data["devices"] if d["name"] == "CPU:0")
+    assert cpu["total_bytes"] > 0 and cpu["free_bytes"] > 0
+    assert data["emulated_budget"]["usable_bytes"] == 2**30
+    assert data["budget"]["usable_bytes"] == 2**30
+
+
+def test_doctor_table():
+    proc = run_cli("doctor", "--device", "T4")
+    assert proc.returncode == 0, proc.stderr
+    assert "CPU:0" in proc.stdout and "emulating T4" in proc.stdout
+
+
+@pytest.mark.slow
+def test_measure_json_reports_the_peak_in_bytes():
+    proc = run_cli(
+        "measure",
+        "keras.applications.MobileNetV2",
+        "--batch-size",
+        "4",
+        "--memory",
+        "1GiB",
+        "--json",
+    )
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    assert data["oom"] is False
+    assert (
+        isinstance(data["peak_bytes"], int) and data["resident_bytes"] < data["peak_bytes"] <= 2**30
+    )
+    assert data["step_seconds"] > 0
+    assert data["budget"]["usable_bytes"] == 2**30
+
+
+def test_measure_table_reports_oom(tmp_path):
+    proc = run_cli(
+        "measure",
+        "keras.applications.MobileNetV2",
+        "--input-shape",
+        "64,64,3",
+        "--batch-size",
+        "2,256",
+        "--memory",
+        "128MiB",
+        "--repeats",
+        "1",
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "out of memory" in proc.stdout and "fits" in proc.stdout

@@ -1,0 +1,48 @@
+"""`memfit.doctor()`: facts and findings, and it never initialises TensorFlow."""
+
+from helpers import run_isolated
+
+
+def test_doctor_reports_cpu_and_leaves_tensorflow_uninitialised():
+    out = run_isolated(
+        """
+        import memfit
+        from memfit.backend import tf as tfb
+        report = memfit.doctor()
+        data = report.to_dict()
+        data["initialised_after"] = tfb.is_initialized()
+        # Settings that must precede initialisation still work after doctor().
+        import tensorflow as tf
+        tf.config.set_logical_device_configuration(
+            tf.config.list_physical_devices("CPU")[0],
+            [tf.config.LogicalDeviceConfiguration(), tf.config.LogicalDeviceConfiguration()])
+        data["logical_cpus"] = len(tf.config.list_logical_devices("CPU"))
+        emit(data)
+        """
+    )
+    assert out["initialised_after"] is False
+    assert out["logical_cpus"] == 2
+    cpu = next(d for d in out["devices"] if d["name"] == "CPU:0")
+    assert cpu["total_bytes"] > 0 and 0 < cpu["free_bytes"] <= cpu["total_bytes"]
+    assert out["versions"]["tensorflow"]
+    assert out["ok"] is True and out["problems"] == 0
+    assert {f["level"] for f in out["findings"]} <= {"ok", "warning", "problem"}
+    assert out["emulated_budget"] is None
+
+
+def test_doctor_flags_an_emulation_that_came_too_late():
+    out = run_isolated(
+        """
+        import os
+        import tensorflow as tf
+        tf.zeros((1,))
+        # The emulation variables say 1 GiB, but the allocator was created without a cap.
+        os.environ["MEMFIT_EMULATED_BYTES"] = str(2**30)
+        os.environ["TF_ENABLE_ONEDNN_OPTS"] = "0"
+        import memfit
+        emit(memfit.doctor().to_dict())
+        """
+    )
+    assert out["ok"] is False
+    problem = next(f for f in out["findings"] if f["level"] == "problem")
+    assert problem["topic"] == "emulation" and "memfit.emulate()" in problem["fix"]

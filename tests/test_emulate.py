@@ -1,0 +1,97 @@
+"""Emulated budgets give real ResourceExhaustedErrors; each case runs in its own process."""
+
+from helpers import run_isolated
+
+
+def test_emulate_caps_cpu_memory_with_a_real_oom():
+    result = run_isolated(
+        """
+        import memfit
+        budget = memfit.emulate("64MiB")
+        import tensorflow as tf
+        small = tf.zeros((4 * 1024 * 1024,))          # 16 MiB: fits
+        try:
+            big = tf.zeros((32 * 1024 * 1024,))       # 128 MiB: over the budget
+            outcome = "allocated"
+        except tf.errors.ResourceExhaustedError:
+            outcome = "oom"
+        more = tf.zeros((4 * 1024 * 1024,))           # the process goes on after the OOM
+        emit({"outcome": outcome, "bytes": budget.usable_bytes, "source": budget.source,
+              "peak": tf.config.experimental.get_memory_info("CPU:0")["peak"]})
+        """
+    )
+    assert result["outcome"] == "oom"
+    assert result["bytes"] == 64 * 2**20
+    assert result["source"] == "emulated"
+    assert result["peak"] <= 64 * 2**20
+
+
+def test_emulate_a_named_card():
+    result = run_isolated(
+        """
+        import memfit
+        budget = memfit.emulate(device="T4")
+        import os
+        emit({"bytes": budget.usable_bytes, "name": budget.name,
+              "limit_mb": os.environ["TF_CPU_BFC_MEM_LIMIT_IN_MB"],
+              "onednn": os.environ["TF_ENABLE_ONEDNN_OPTS"]})
+        """
+    )
+    assert result["name"] == "T4"
+    assert result["bytes"] == 13949 * 2**20
+    assert result["limit_mb"] == "13949"
+    assert result["onednn"] == "0"
+
+
+def test_environment_variable_emulates_on_import():
+    result = run_isolated(
+        """
+        import memfit
+        import tensorflow as tf
+        try:
+            tf.zeros((64 * 1024 * 1024,))             # 256 MiB
+            outcome = "allocated"
+        except tf.errors.ResourceExhaustedError:
+            outcome = "oom"
+        emit({"outcome": outcome, "budget": memfit.Budget.from_device().usable_bytes})
+        """,
+        env={"MEMFIT_MEMORY": "100MiB"},
+    )
+    assert result == {"outcome": "oom", "budget": 100 * 2**20}
+
+
+def test_emulate_after_tensorflow_initialised_says_so():
+    result = run_isolated(
+        """
+        import tensorflow as tf
+        tf.zeros((3,))                                # initialises the runtime
+        import memfit
+        try:
+            memfit.emulate("1GiB")
+            emit({"raised": None})
+        except memfit.EmulationError as exc:
+            emit({"raised": str(exc)})
+        """
+    )
+    assert result["raised"] is not None
+    assert "already initialised" in result["raised"]
+    assert "MEMFIT_MEMORY=1GiB" in result["raised"]
+
+
+def test_emulate_after_import_but_before_init_still_caps():
+    result = run_isolated(
+        """
+        import os
+        os.environ["TF_ENABLE_ONEDNN_OPTS"] = "0"
+        import tensorflow as tf
+        tf.config.list_physical_devices()             # does not initialise the runtime
+        import memfit
+        memfit.emulate("32MiB")
+        try:
+            tf.zeros((16 * 1024 * 1024,))             # 64 MiB
+            emit("allocated")
+        except tf.errors.ResourceExhaustedError:
+            emit("oom")
+        """
+    )
+    assert result == "oom"

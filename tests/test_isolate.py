@@ -1,0 +1,50 @@
+"""Child processes: results come back, errors keep their message, hangs after OOM are stopped."""
+
+import os
+import time
+
+import pytest
+
+from memfit import Budget, MemfitError
+from memfit.isolate import run_in_child
+
+HERE = os.path.dirname(__file__)
+
+
+@pytest.mark.slow
+def test_oom_after_a_smaller_batch_comes_back_instead_of_hanging():
+    # TensorFlow 2.21 on CPU was seen to hang inside the step when this OOM struck while Adam
+    # updated the variables; the parent stops such a child and still reports the OOM.
+    start = time.monotonic()
+    result = run_in_child(
+        "hang_job:small_then_huge",
+        {},
+        budget=Budget.from_size("128MiB"),
+        env={"PYTHONPATH": HERE},
+        timeout=500,
+        oom_grace=20,
+    )
+    assert time.monotonic() - start < 400
+    if result.get("hung_after_oom"):
+        assert "OOM" in result["oom_message"]
+        assert result["resident_bytes"] > 0
+    else:
+        assert result["first_oom"] is False
+        assert result["second"]["oom"] is True
+
+
+def test_child_errors_keep_their_message():
+    with pytest.raises(MemfitError, match="batch size must be at least 1"):
+        run_in_child(
+            "memfit._child:measure_spec",
+            {
+                "spec": "keras.applications.MobileNetV2",
+                "batch_size": 0,
+                "data": None,
+                "input_shape": [[32, 32, 3]],
+                "optimizer": None,
+                "loss": None,
+                "repeats": 1,
+            },
+            budget=Budget.from_size("64MiB"),
+        )

@@ -1,0 +1,166 @@
+"""One-step measurement on real Keras models under an emulated budget (child processes)."""
+
+import pytest
+from helpers import run_isolated
+
+MOBILENET_CODE = """
+import numpy as np
+import memfit, keras
+from memfit.backend import tf as tfb
+
+model = keras.applications.MobileNetV2(weights=None, input_shape=(96, 96, 3), classes=100)
+model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+model.optimizer.build(model.trainable_variables)
+weights_before = [np.array(v.numpy()) for v in model.weights]
+opt_before = [np.array(v.numpy()) for v in model.optimizer.variables]
+baseline = tfb.memory_info("CPU:0")["current"]
+
+results = [memfit.measure(model, b).to_dict() for b in (1, 2, 4, 128)]
+
+weights_same = all(np.array_equal(a, v.numpy()) for a, v in zip(weights_before, model.weights))
+opt_same = all(np.array_equal(a, v.numpy()) for a, v in zip(opt_before, model.optimizer.variables))
+params = sum(int(np.prod(v.shape)) for v in model.trainable_weights)
+emit({
+    "results": results,
+    "weights_same": weights_same,
+    "opt_same": opt_same,
+    "iterations": int(model.optimizer.iterations.numpy()),
+    "param_bytes": params * 4,
+    "weight_bytes": sum(int(np.prod(v.shape)) * 4 for v in model.weights),
+    "baseline": baseline,
+    "after": tfb.memory_info("CPU:0")["current"],
+})
+"""
+
+
+@pytest.mark.slow
+def test_mobilenetv2_peaks_oom_and_restoration():
+    out = run_isolated(MOBILENET_CODE, env={"MEMFIT_MEMORY": "384MiB"})
+    fits = out["results"][:3]
+    over = out["results"][3]
+
+    # Peaks strictly increase with the batch.
+    peaks = [r["peak_bytes"] for r in fits]
+    assert all(not r["oom"] for r in fits)
+    assert peaks[0] < peaks[1] < peaks[2]
+    # Resident bytes hold at least the weights and Adam's two slots per trainable weight.
+    for r in fits:
+        assert r["resident_bytes"] >= out["weight_bytes"] + 2 * out["param_bytes"]
+        assert r["step_seconds"] > 0
+        assert len(r["peaks_bytes"]) == 3
+        assert r["peak_bytes"] <= 384 * 2**20
+    # A batch over the budget: a real ResourceExhaustedError, reported as such.
+    assert over["oom"] is True
+    assert "OOM" in over["oom_message"] or "allocat" in over["oom_message"]
+    assert over["peak_bytes"] > peaks[2]
+    # Nothing trained: weights, optimizer slots and iteration count as before.
+    assert out["weights_same"] and out["opt_same"]
+    assert out["iterations"] == 0
+    # The device holds what it held before: the batch, activations and gradients are gone.
+    # (Variables a step rewrites may land in other allocator chunks, which moves `current`
+    # by BFC rounding; a leaked step would move it by its step_bytes, tens of MiB here.)
+    smallest_step = min(r["step_bytes"] for r in fits)
+    tolerance = 0.25 * out["baseline"]
+    assert abs(out["after"] - out["baseline"]) < tolerance
+    assert tolerance < smallest_step * 4
+    for r in out["results"]:
+        assert abs(r["leaked_bytes"]) < tolerance
+
+
+def test_measure_restores_rng_batchnorm_and_metrics_state():
+    out = run_isolated(
+        """
+        import numpy as np, memfit, keras
+        inputs = keras.Input((32, 32, 3))
+        x = keras.layers.Conv2D(8, 3)(inputs)
+        x = keras.layers.BatchNormalization()(x)
+        x = keras.layers.Dropout(0.5)(x)
+        x = keras.layers.GlobalAveragePooling2D()(x)
+        outputs = keras.layers.Dense(10, activation="softmax")(x)
+        model = keras.Model(inputs, outputs)
+        model.compile("sgd", "sparse_categorical_crossentropy", metrics=["accuracy"])
+        state = lambda: [np.array(v.numpy()) for v in model.variables]
+        before = state()
+        r = memfit.measure(model, 8, repeats=2)
+        after = state()
+        emit({"same": all(np.array_equal(a, b) for a, b in zip(before, after)),
+              "n": len(before), "oom": r.oom, "peak": r.peak_bytes})
+        """,
+        env={"MEMFIT_MEMORY": "256MiB"},
+    )
+    assert out["same"] and out["n"] > 6
+    assert out["oom"] is False and out["peak"] > 0
+
+
+def test_measure_from_a_dataset_of_samples():
+    out = run_isolated(
+        """
+        import memfit, keras, tensorflow as tf
+        model = keras.Sequential([keras.Input((16,)), keras.layers.Dense(4)])
+        model.compile("adam", "mse")
+        ds = tf.data.Dataset.from_tensor_slices((tf.ones((5, 16)), tf.zeros((5, 4))))
+        r = memfit.measure(model, 12, data=ds, repeats=1)
+        emit({"shapes": r.input_shapes, "oom": r.oom})
+        """,
+        env={"MEMFIT_MEMORY": "128MiB"},
+    )
+    assert out == {"shapes": [[16]], "oom": False}
+
+
+def test_isolated_measurement_of_a_model_object_and_spec():
+    out = run_isolated(
+        """
+        import memfit, keras
+        model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(256),
+                                  keras.layers.Dense(10, activation="softmax")])
+        model.compile("adam", "sparse_categorical_crossentropy")
+        r1 = memfit.measure(model, 16, isolated=True, budget="128MiB", repeats=1)
+        r2 = memfit.measure("keras.applications.MobileNetV2", 64, isolated=True,
+                            budget="96MiB", input_shape=(64, 64, 3), repeats=1)
+        emit({"r1": r1.to_dict(), "r2": r2.to_dict()})
+        """
+    )
+    assert out["r1"]["oom"] is False
+    assert out["r1"]["budget"]["usable_bytes"] == 128 * 2**20
+    assert out["r1"]["peak_bytes"] > 0
+    assert out["r2"]["oom"] is True
+
+
+def test_measure_refuses_bad_arguments():
+    out = run_isolated(
+        """
+        import memfit, keras
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+        messages = []
+        for bad in (0, -3, 2.5, "8"):
+            try:
+                memfit.measure(model, bad)
+            except memfit.MemfitError as exc:
+                messages.append(str(exc))
+        try:
+            memfit.measure("not a model object", 4)
+        except memfit.MemfitError as exc:
+            messages.append(str(exc))
+        emit(messages)
+        """,
+        env={"MEMFIT_MEMORY": "64MiB"},
+    )
+    assert len(out) == 5
+    assert "at least 1" in out[0] and "whole number" in out[2]
+    assert "isolated=True" in out[4]
+
+
+def test_measure_without_memory_statistics_explains_the_fix():
+    out = run_isolated(
+        """
+        import tensorflow as tf, keras, memfit
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+        model.compile("adam", "mse")
+        try:
+            memfit.measure(model, 2)
+            emit(None)
+        except memfit.MeasurementError as exc:
+            emit(str(exc))
+        """
+    )
+    assert out is not None and "isolated=True" in out and "memfit.emulate" in out

@@ -1,0 +1,83 @@
+"""MODEL arguments: files, factories and built-ins, and the errors users get for bad ones."""
+
+import pytest
+from helpers import run_isolated
+
+from memfit import ModelLoadError
+from memfit.models import check_model_spec
+
+
+def test_missing_file_is_reported_without_tensorflow(tmp_path):
+    with pytest.raises(ModelLoadError, match="does not exist"):
+        check_model_spec(str(tmp_path / "nope.keras"))
+
+
+def test_non_zip_keras_file_is_not_a_model(tmp_path):
+    path = tmp_path / "model.keras"
+    path.write_text("not a model")
+    with pytest.raises(ModelLoadError, match="not a Keras model file"):
+        check_model_spec(str(path))
+
+
+def test_other_files_are_not_models(tmp_path):
+    path = tmp_path / "weights.txt"
+    path.write_text("1 2 3")
+    with pytest.raises(ModelLoadError, match="not a Keras model file"):
+        check_model_spec(str(path))
+
+
+def test_malformed_factory_spec():
+    with pytest.raises(ModelLoadError, match="package.module:factory"):
+        check_model_spec("pkg.mod:")
+
+
+def test_factories_files_and_builtins(tmp_path):
+    (tmp_path / "mymodels.py").write_text(
+        "import keras\n"
+        "def small():\n"
+        "    m = keras.Sequential([keras.Input((8,)), keras.layers.Dense(2)])\n"
+        "    m.compile('adam', 'mse')\n"
+        "    return m\n"
+        "def broken():\n"
+        "    raise ValueError('dataset path /data/train is missing')\n"
+        "def not_a_model():\n"
+        "    return 42\n"
+        "NUMBER = 3\n"
+    )
+    out = run_isolated(
+        f"""
+        import os, keras, memfit
+        os.chdir({str(tmp_path)!r})
+        results = {{}}
+        m = memfit.load_model("mymodels:small")
+        results["factory"] = type(m).__name__
+        m.save("small.keras")
+        results["file"] = memfit.load_model("small.keras").optimizer.__class__.__name__
+        inputs = keras.Input((4,))
+        lam = keras.Model(inputs, keras.layers.Lambda(lambda t: t * 2)(inputs))
+        lam.save("lambda.keras")
+        b = memfit.load_model("keras.applications.MobileNetV2", input_shape=(64, 64, 3), classes=7)
+        results["builtin"] = list(b.output_shape)
+        for spec in ("mymodels:missing", "mymodels:broken", "mymodels:not_a_model",
+                     "mymodels:NUMBER", "nosuchmodule:f", "keras.applications.MobileNetV9",
+                     "lambda.keras"):
+            try:
+                memfit.load_model(spec)
+                results[spec] = None
+            except memfit.ModelLoadError as exc:
+                results[spec] = str(exc)
+        results["unsafe_ok"] = type(memfit.load_model("lambda.keras", safe_mode=False)).__name__
+        emit(results)
+        """
+    )
+    assert out["factory"] == "Sequential"
+    assert out["file"] == "Adam"
+    assert out["builtin"] == [None, 7]
+    assert "has no 'missing'" in out["mymodels:missing"] and "small" in out["mymodels:missing"]
+    assert "raised ValueError: dataset path /data/train is missing" in out["mymodels:broken"]
+    assert "not a keras.Model" in out["mymodels:not_a_model"]
+    assert "not a callable" in out["mymodels:NUMBER"]
+    assert "no such module" in out["nosuchmodule:f"]
+    assert "MobileNetV2" in out["keras.applications.MobileNetV9"]
+    assert "--unsafe" in out["lambda.keras"]
+    assert out["unsafe_ok"] == "Functional"
