@@ -17,7 +17,8 @@ from memfit.errors import MemfitError
 from memfit.models import MODEL_FORMS, check_model_spec
 from memfit.sizes import format_size
 
-out = Console(highlight=False, soft_wrap=True)
+# Piped output (logs, CI, tests) gets a wide table instead of rich's 80-column default.
+out = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 120)
 err = Console(stderr=True, highlight=False)
 
 _LEVEL_STYLE = {"ok": "green", "warning": "yellow", "problem": "bold red"}
@@ -284,7 +285,7 @@ def _render_measurements(model: str, results: list[Any]) -> None:
     )
     table = Table(title=title, title_justify="left")
     for column in ("batch", "peak", "spread", "resident", "step time", "headroom", "result"):
-        table.add_column(column, justify="left" if column == "result" else "right")
+        table.add_column(column, justify="left" if column == "result" else "right", no_wrap=True)
     for r in results:
         if r.oom:
             table.add_row(
