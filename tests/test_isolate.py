@@ -13,8 +13,9 @@ HERE = os.path.dirname(__file__)
 
 @pytest.mark.slow
 def test_oom_after_a_smaller_batch_comes_back_instead_of_hanging():
-    # TensorFlow 2.21 on CPU was seen to hang inside the step when this OOM struck while Adam
-    # updated the variables; the parent stops such a child and still reports the OOM.
+    # When this OOM strikes while Adam updates the variables, TensorFlow 2.21's BFC allocator
+    # retries each refused allocation for 10 s and the step takes minutes to fail; the parent
+    # stops such a child after oom_grace and still reports the OOM.
     start = time.monotonic()
     result = run_in_child(
         "hang_job:small_then_huge",
@@ -26,8 +27,9 @@ def test_oom_after_a_smaller_batch_comes_back_instead_of_hanging():
     )
     assert time.monotonic() - start < 400
     if result.get("hung_after_oom"):
-        assert "OOM" in result["oom_message"]
-        assert result["resident_bytes"] > 0
+        assert "ran out of memory" in result["oom_message"] or "OOM" in result["oom_message"]
+        # The allocator's own MaxInUse, read from its log: close to the 128 MiB cap.
+        assert 64 * 2**20 < result["max_in_use_bytes"] <= 128 * 2**20
     else:
         assert result["first_oom"] is False
         assert result["second"]["oom"] is True

@@ -16,12 +16,16 @@ from typing import Any
 
 from memfit.budget import Budget
 from memfit.errors import MeasurementError, MemfitError, WorkloadError
+from memfit.sizes import parse_size
 
 # How the child learns its job: a JSON file with the function to call and its arguments.
 _CHILD_MODULE = "memfit._child"
 OOM_GRACE_SECONDS = 30.0
 RESIDENT_MARK = "memfit-child: resident_bytes="
-_MAX_IN_USE = re.compile(r"MaxInUse:\s*(\d+)")
+_MAX_IN_USE = re.compile(r"MaxInUse:\s*([0-9.]+\s*[KMGT]?i?B)")
+# What TensorFlow logs when an allocation is refused: the BFC allocator's own line comes first
+# (and is the only one when the step then hangs), the kernel's OP_REQUIRES line after it.
+_OOM_MARKS = ("ran out of memory trying to allocate", "OOM when allocating")
 
 
 @dataclass
@@ -56,12 +60,15 @@ def _run_watched(
         for line in proc.stderr:
             lines.append(line)
             del lines[:-200]
-            if "OOM when allocating" in line:
+            mark = next((m for m in _OOM_MARKS if m in line), None)
+            if mark is not None:
                 last_oom.append(time.monotonic())
-                state.oom_line = state.oom_line or line.strip()[line.find("OOM") :][:300]
+                if state.oom_line is None:
+                    start = line.find("] ") + 2 if "] " in line else 0
+                    state.oom_line = line[start:].strip()[:300]
             match = _MAX_IN_USE.search(line)
             if match:
-                state.max_in_use = max(state.max_in_use or 0, int(match.group(1)))
+                state.max_in_use = max(state.max_in_use or 0, parse_size(match.group(1)))
             if line.startswith(RESIDENT_MARK):
                 state.resident = int(line[len(RESIDENT_MARK) :].strip())
 
@@ -71,7 +78,7 @@ def _run_watched(
     while proc.poll() is None:
         time.sleep(0.2)
         now = time.monotonic()
-        if last_oom and now - last_oom[-1] > oom_grace:
+        if last_oom and now - last_oom[0] > oom_grace:
             proc.kill()
             state.hung_after_oom = True
             break
@@ -108,10 +115,11 @@ def run_in_child(
         budget: emulate this budget in the child.
         env: extra environment variables for the child.
         timeout: seconds before the child is killed.
-        oom_grace: seconds a child may go on after TensorFlow logged an OOM before it is
-            taken as hung and stopped. TensorFlow 2.21 can hang inside a step whose OOM
-            strikes while the optimizer updates variables; the child's result is then
-            `{"hung_after_oom": True, ...}` with what its log said.
+        oom_grace: seconds a child may go on after TensorFlow logged its first OOM before it
+            is stopped. TensorFlow's BFC allocator retries every refused allocation for up to
+            10 s (`AllocatorRetry`), so a step whose OOM strikes while the optimizer copies
+            and updates hundreds of variables can take many minutes to fail. The result is
+            then `{"hung_after_oom": True, ...}` with what the child's log said.
     """
     child_env = dict(os.environ)
     for key in ("MEMFIT_MEMORY", "MEMFIT_DEVICE"):
@@ -221,7 +229,8 @@ def measure_in_child(
             resident_bytes=result["resident_bytes"] or 0,
             step_seconds=None,
             oom_message=(result["oom_message"] or "OOM")
-            + " (TensorFlow hung after this OOM; the child process was stopped)",
+            + " (TensorFlow kept retrying refused allocations, 10 s each; the child process "
+            "was stopped)",
             budget=budget,
         )
     budget_data = result.pop("budget", None)
