@@ -4,6 +4,7 @@ Public API (everything else is private):
 
 - `Budget`, `emulate`: the memory a device gives training, and emulating a smaller card.
 - `measure`, `Measurement`: what one training step really costs.
+- `find_batch_size`, `BatchSearchResult`: the largest batch that fits a budget.
 - `doctor`: preflight of this machine.
 - `load_model`, `Workload`: MODEL arguments and what a training step is made of.
 - `parse_size`, `format_size`, `CARDS`: sizes and named cards.
@@ -31,6 +32,7 @@ from memfit.errors import (
 )
 from memfit.measure import Measurement, measure, measure_many
 from memfit.models import load_model
+from memfit.search import BatchSearchResult, Trial, find_batch_size
 from memfit.sizes import format_size, parse_size
 from memfit.workload import Workload
 
@@ -39,6 +41,7 @@ __version__ = "0.1.0"
 __all__ = [
     "CARDS",
     "BackendMissingError",
+    "BatchSearchResult",
     "Budget",
     "Card",
     "DoctorReport",
@@ -49,11 +52,13 @@ __all__ = [
     "MemfitError",
     "ModelLoadError",
     "SizeError",
+    "Trial",
     "UnknownDeviceError",
     "Workload",
     "WorkloadError",
     "doctor",
     "emulate",
+    "find_batch_size",
     "format_size",
     "get_card",
     "load_model",

@@ -17,21 +17,37 @@ def measure_spec(
     optimizer: str | None,
     loss: str | None,
     repeats: int,
+    worst_case: bool = False,
 ) -> dict[str, Any]:
     """Load a MODEL spec and measure it in this (fresh) process."""
     from memfit.backend import tf as tfb
+    from memfit.errors import MemfitError
     from memfit.isolate import RESIDENT_MARK
     from memfit.measure import measure
     from memfit.models import load_model
     from memfit.workload import Workload
 
     shape = input_shape[0] if input_shape and len(input_shape) == 1 else input_shape
-    model = load_model(spec, input_shape=shape)
+    try:
+        model = load_model(spec, input_shape=shape)
+        # Tell the parent what is resident, in case the step fails slowly (see isolate.py).
+        workload = Workload(model, optimizer=optimizer, loss=loss, input_shape=shape)
+        if workload.model.optimizer is not None and not workload.model.optimizer.built:
+            workload.model.optimizer.build(workload.model.trainable_variables)
+    except Exception as exc:
+        if not tfb.is_oom(exc):
+            raise
+        from memfit.budget import emulated_budget
+
+        budget = emulated_budget()
+        raise MemfitError(
+            f"the model's weights and optimizer state alone do not fit in "
+            f"{budget.name if budget else 'the budget'}: creating them ran out of memory "
+            f"({tfb.oom_summary(exc)}). No batch size can fit; use a card with more memory, a "
+            f"smaller model, or an optimizer with less state (SGD keeps none, Adam two copies "
+            f"of the weights)"
+        ) from None
     dataset = load_dataset(data) if data else None
-    # Tell the parent what is resident, in case the step hangs after an OOM (see isolate.py).
-    workload = Workload(model, optimizer=optimizer, loss=loss, input_shape=shape, data=dataset)
-    if workload.model.optimizer is not None and not workload.model.optimizer.built:
-        workload.model.optimizer.build(workload.model.trainable_variables)
     info = tfb.memory_info(tfb.default_device())
     if info is not None:
         print(f"{RESIDENT_MARK}{info['current']}", file=sys.stderr, flush=True)
@@ -43,7 +59,17 @@ def measure_spec(
         optimizer=optimizer,
         loss=loss,
         repeats=repeats,
+        worst_case=worst_case,
     ).to_dict()
+
+
+def dataset_size(spec: str) -> int:
+    """Number of samples a `package.module:dataset_fn` dataset yields (reads it once)."""
+    dataset = load_dataset(spec)
+    count = int(dataset.cardinality())
+    if count >= 0:
+        return count
+    return sum(1 for _ in dataset)
 
 
 def load_dataset(spec: str) -> Any:

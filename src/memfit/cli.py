@@ -314,6 +314,119 @@ def _render_measurements(model: str, results: list[Any]) -> None:
     )
 
 
+# -- batch ----------------------------------------------------------------------------------
+def _margin(_ctx: click.Context, _param: click.Parameter, value: float) -> float:
+    if not 0 <= value < 1:
+        raise click.BadParameter(
+            f"{value} is not a share of the budget; give a number from 0 to below 1, e.g. 0.05"
+        )
+    return value
+
+
+@cli.command()
+@click.argument("model", metavar="MODEL")
+@click.option("--max-batch", type=int, help="Never try a batch larger than this.")
+@click.option(
+    "--margin",
+    type=float,
+    default=0.05,
+    show_default=True,
+    callback=_margin,
+    help="Share of the budget kept free at the batch found.",
+)
+@click.option(
+    "--in-process",
+    is_flag=True,
+    help="Run all trials in this process (faster; by default each trial runs in a "
+    "fresh child process).",
+)
+@model_options
+@budget_options
+@json_option
+def batch(
+    model: str,
+    max_batch: int | None,
+    margin: float,
+    in_process: bool,
+    input_shape: Any,
+    classes: int | None,
+    optimizer: str | None,
+    loss: str | None,
+    data_spec: str | None,
+    unsafe: bool,
+    memory: str | None,
+    device: str | None,
+    as_json: bool,
+) -> None:
+    """Find the largest batch size of MODEL that fits the budget, by measuring.
+
+    With --data, the trials use the dataset's largest samples, so the answer holds for all of
+    them. Without --memory or --device, the budget is this device's free memory.
+    """
+    if max_batch is not None and max_batch < 1:
+        raise click.BadParameter(
+            f"{max_batch} is not a batch size; give at least 1", param_hint="'--max-batch'"
+        )
+    if classes is not None and not model.startswith(("keras.applications.", "applications.")):
+        classes = None
+    check_model_spec(model)
+    budget = apply_budget(memory, device) or Budget.from_device()
+    from memfit.search import find_batch_size
+
+    with err.status("Loading model", spinner="dots") as status:
+        if in_process:
+            from memfit._child import load_dataset
+            from memfit.models import load_model
+
+            target: Any = load_model(
+                model, input_shape=input_shape, classes=classes, safe_mode=not unsafe
+            )
+            data: Any = load_dataset(data_spec) if data_spec else None
+        else:
+            target, data = model, data_spec
+        status.update("Measuring batch 1 and 4")
+
+        def show(trial: Any) -> None:
+            verdict = (
+                "[bold red]out of memory[/]"
+                if trial.oom
+                else "[green]fits[/]"
+                if trial.fits
+                else "[yellow]over the margin[/]"
+            )
+            err.print(
+                f"  trial {trial.batch_size:>6}: {verdict}  peak {format_size(trial.peak_bytes)}"
+                + (
+                    f"  (predicted {format_size(trial.predicted_peak_bytes)})"
+                    if trial.predicted_peak_bytes
+                    else ""
+                )
+                + f"  {trial.seconds:.1f} s"
+            )
+            status.update(f"Searching: {len(trials_seen) + 1} trials so far")
+            trials_seen.append(trial)
+
+        trials_seen: list[Any] = []
+        result = find_batch_size(
+            target,
+            budget,
+            max_batch=max_batch,
+            margin=margin,
+            data=data,
+            input_shape=input_shape,
+            optimizer=optimizer,
+            loss=loss,
+            isolated=not in_process,
+            on_trial=show,
+        )
+    if as_json:
+        _print_json(result.to_dict())
+    else:
+        style = "bold" if result.fits else "bold red"
+        out.print(f"[{style}]{result.summary()}[/]")
+    sys.exit(0 if result.fits else 1)
+
+
 # -- entry point ----------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> None:
     """Run the CLI: user errors become one line on stderr and exit status 2."""

@@ -193,6 +193,8 @@ def measure_in_child(
     loss: Any,
     repeats: int,
     budget: Budget | None,
+    worst_case: bool = False,
+    model_path: str | None = None,
 ) -> Any:
     """`memfit.measure(..., isolated=True)`: the measurement made in a fresh child process."""
     from memfit.measure import Measurement
@@ -206,7 +208,7 @@ def measure_in_child(
             "child process can import"
         )
     with tempfile.TemporaryDirectory(prefix="memfit-model-") as tmp:
-        spec = model if isinstance(model, str) else _save_for_child(model, tmp)
+        spec = model_path or (model if isinstance(model, str) else save_for_child(model, tmp))
         result = run_in_child(
             "memfit._child:measure_spec",
             {
@@ -217,6 +219,7 @@ def measure_in_child(
                 "optimizer": optimizer,
                 "loss": loss,
                 "repeats": repeats,
+                "worst_case": worst_case,
             },
             budget=budget,
         )
@@ -249,7 +252,7 @@ def _shapes(shape: Any) -> list[Any]:
     return items if items and isinstance(items[0], (list, tuple)) else [items]
 
 
-def _save_for_child(model: Any, folder: str) -> str:
+def save_for_child(model: Any, folder: str) -> str:
     path = os.path.join(folder, "model.keras")
     try:
         model.save(path)

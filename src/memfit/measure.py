@@ -113,6 +113,7 @@ def measure(
     device: str | None = None,
     budget: Budget | str | int | None = None,
     isolated: bool = False,
+    worst_case: bool = False,
     on_progress: Callable[[str], None] | None = None,
 ) -> Measurement:
     """Run one real training step of `model` at `batch_size` and measure its peak memory.
@@ -144,6 +145,7 @@ def measure(
             Isolated: the budget to emulate in the child process.
         isolated: measure in a fresh child process, for devices where an OOM leaves the process
             unusable, or when this process cannot measure (TensorFlow already initialised).
+        worst_case: with `data`, build the batch from the dataset's largest samples.
         on_progress: called with a short text at each phase (for progress displays).
 
     Returns:
@@ -173,6 +175,7 @@ def measure(
             loss=loss,
             repeats=repeats,
             budget=as_budget(budget),
+            worst_case=worst_case,
         )
     if isinstance(model, str):
         raise WorkloadError(
@@ -180,8 +183,15 @@ def measure(
             "pass isolated=True or load it with memfit.load_model()"
         )
     progress = on_progress or (lambda _text: None)
-    workload = Workload(model, optimizer=optimizer, loss=loss, input_shape=input_shape, data=data)
-    return _measure_workload(
+    workload = Workload(
+        model,
+        optimizer=optimizer,
+        loss=loss,
+        input_shape=input_shape,
+        data=data,
+        worst_case=worst_case,
+    )
+    return measure_workload(
         workload,
         batch_size,
         repeats=repeats,
@@ -198,15 +208,16 @@ def _check_batch_size(batch_size: Any) -> None:
         raise WorkloadError(f"batch size must be at least 1, got {batch_size}")
 
 
-def _measure_workload(
+def measure_workload(
     workload: Workload,
     batch_size: int,
     *,
     repeats: int,
     device: str,
     budget: Budget | None,
-    progress: Callable[[str], None],
+    progress: Callable[[str], None] = lambda _text: None,
 ) -> Measurement:
+    """Measure a prepared Workload (see `measure`); reuses its ranked samples across calls."""
     tf = tfb.import_tf()
     model = workload.model
     tfb.require_memory_stats(device)

@@ -29,6 +29,9 @@ class Workload:
         input_shape: the shape of one sample (without batch), for models whose inputs have
             undefined dimensions; a list of shapes for several inputs.
         data: a `tf.data.Dataset` of unbatched `(x, y)` samples to take batches from.
+        worst_case: build batches from the dataset's largest samples (most input elements —
+            the largest images — then most target elements — the most objects) instead of
+            the first ones, so a batch that fits holds for the whole dataset.
 
     Example:
         >>> workload = Workload(model, input_shape=(160, 160, 3))
@@ -43,6 +46,7 @@ class Workload:
         loss: Any = None,
         input_shape: InputShape | None = None,
         data: Any = None,
+        worst_case: bool = False,
     ) -> None:
         keras = tfb.import_keras()
         if not isinstance(model, keras.Model):
@@ -52,6 +56,8 @@ class Workload:
             )
         self.model = model
         self.data = data
+        self.worst_case = worst_case
+        self._ranked: list[int] | None = None
         self.input_shape = _normalise_shapes(input_shape)
         self._ensure_built()
         self._ensure_compiled(optimizer, loss)
@@ -195,6 +201,29 @@ class Workload:
 
     def _batch_from_data(self, batch_size: int) -> tuple[Any, Any]:
         tf = tfb.import_tf()
+        dataset = self._checked_data()
+        if self.worst_case:
+            ranked = self.ranked_samples()
+            chosen = [ranked[i % len(ranked)] for i in range(batch_size)]
+            wanted = tf.constant(sorted(set(chosen)), dtype=tf.int64)
+            largest = (
+                dataset.enumerate()
+                .filter(lambda i, *_: tf.reduce_any(tf.equal(i, wanted)))
+                .map(lambda _i, *sample: sample if len(sample) > 1 else sample[0])
+            )
+            dataset = largest
+        spec = dataset.element_spec
+        defined = all(s.shape.is_fully_defined() for s in tf.nest.flatten(spec))
+        dataset = dataset.repeat().take(batch_size)
+        dataset = dataset.batch(batch_size) if defined else dataset.padded_batch(batch_size)
+        try:
+            batch = dataset.get_single_element()
+        except tf.errors.OutOfRangeError:
+            raise WorkloadError("data is empty: it yields no samples") from None
+        return batch[0], batch[1]
+
+    def _checked_data(self) -> Any:
+        tf = tfb.import_tf()
         dataset = self.data
         if not isinstance(dataset, tf.data.Dataset):
             raise WorkloadError(
@@ -205,14 +234,35 @@ class Workload:
             raise WorkloadError(
                 f"data must yield (x, y) or (x, y, sample_weight) samples; it yields {spec!r}"
             )
-        defined = all(s.shape.is_fully_defined() for s in tf.nest.flatten(spec))
-        dataset = dataset.repeat().take(batch_size)
-        dataset = dataset.batch(batch_size) if defined else dataset.padded_batch(batch_size)
-        try:
-            batch = dataset.get_single_element()
-        except tf.errors.OutOfRangeError:
-            raise WorkloadError("data is empty: it yields no samples") from None
-        return batch[0], batch[1]
+        return dataset
+
+    def ranked_samples(self) -> list[int]:
+        """Dataset indices, largest sample first (input elements, then target elements).
+
+        Reads the dataset once (the result is kept); used for worst-case batches.
+        """
+        if self._ranked is None:
+            tf = tfb.import_tf()
+            keys = []
+            for index, sample in enumerate(self._checked_data()):
+                x_size = sum(int(tf.size(t)) for t in tf.nest.flatten(sample[0]))
+                y_size = sum(int(tf.size(t)) for t in tf.nest.flatten(sample[1]))
+                keys.append((-x_size, -y_size, index))
+            if not keys:
+                raise WorkloadError("data is empty: it yields no samples")
+            self._ranked = [index for _x, _y, index in sorted(keys)]
+        return self._ranked
+
+    def largest_sample(self) -> dict[str, Any]:
+        """Shapes of the largest sample's inputs and targets (for reports)."""
+        tf = tfb.import_tf()
+        index = self.ranked_samples()[0]
+        sample = next(iter(self._checked_data().skip(index).take(1)))
+        return {
+            "index": index,
+            "input_shapes": [list(t.shape) for t in tf.nest.flatten(sample[0])],
+            "target_shapes": [list(t.shape) for t in tf.nest.flatten(sample[1])],
+        }
 
     def state_variables(self) -> list[Any]:
         """Every variable a training step can change: weights, optimizer, metrics, RNG."""
