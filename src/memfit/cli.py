@@ -84,6 +84,24 @@ def _input_shape(_ctx: click.Context, _param: click.Parameter, value: str | None
     return shapes[0] if len(shapes) == 1 else shapes
 
 
+def _targets(
+    model: str,
+    data_spec: str | None,
+    isolated: bool,
+    input_shape: Any,
+    classes: int | None,
+    unsafe: bool,
+) -> tuple[Any, Any]:
+    """MODEL and --data as the work needs them: specs for child processes, objects in-process."""
+    if isolated:
+        return model, data_spec
+    from memfit._child import load_dataset
+    from memfit.models import load_model
+
+    target = load_model(model, input_shape=input_shape, classes=classes, safe_mode=not unsafe)
+    return target, load_dataset(data_spec) if data_spec else None
+
+
 def _print_json(data: Any) -> None:
     click.echo(json.dumps(data, indent=2, default=str))
 
@@ -239,16 +257,7 @@ def measure(
 
     results = []
     with err.status("Loading model", spinner="dots") as status:
-        if isolated:
-            target: Any = model
-        else:
-            from memfit._child import load_dataset
-            from memfit.models import load_model
-
-            target = load_model(
-                model, input_shape=input_shape, classes=classes, safe_mode=not unsafe
-            )
-            data = load_dataset(data_spec) if data_spec else None
+        target, data = _targets(model, data_spec, isolated, input_shape, classes, unsafe)
         for size in sorted(batch_size):
             status.update(f"Measuring batch {size}")
             kwargs: dict[str, Any] = {
@@ -257,12 +266,11 @@ def measure(
                 "loss": loss,
                 "repeats": repeats,
                 "budget": budget,
+                "data": data,
             }
             if isolated:
-                kwargs["data"] = data_spec
                 result = run_measure(target, size, isolated=True, **kwargs)
             else:
-                kwargs["data"] = data
 
                 def report(text: str, _status: Any = status) -> None:
                     _status.update(f"Measuring {text}")
@@ -367,23 +375,12 @@ def batch(
         raise click.BadParameter(
             f"{max_batch} is not a batch size; give at least 1", param_hint="'--max-batch'"
         )
-    if classes is not None and not model.startswith(("keras.applications.", "applications.")):
-        classes = None
     check_model_spec(model)
     budget = apply_budget(memory, device) or Budget.from_device()
     from memfit.search import find_batch_size
 
     with err.status("Loading model", spinner="dots") as status:
-        if in_process:
-            from memfit._child import load_dataset
-            from memfit.models import load_model
-
-            target: Any = load_model(
-                model, input_shape=input_shape, classes=classes, safe_mode=not unsafe
-            )
-            data: Any = load_dataset(data_spec) if data_spec else None
-        else:
-            target, data = model, data_spec
+        target, data = _targets(model, data_spec, not in_process, input_shape, classes, unsafe)
         status.update("Measuring batch 1 and 4")
 
         def show(trial: Any) -> None:
