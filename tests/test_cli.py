@@ -111,3 +111,8 @@ def test_measure_table_reports_oom(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr
     assert "out of memory" in proc.stdout and "fits" in proc.stdout
+
+
+def test_bad_environment_budget_is_one_line():
+    proc = run_cli("doctor", env={"MEMFIT_MEMORY": "banana"})
+    _assert_one_line_error(proc, "MEMFIT_MEMORY=banana")

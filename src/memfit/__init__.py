@@ -67,4 +67,19 @@ __all__ = [
     "parse_size",
 ]
 
-emulate_from_environment()
+
+def _emulate_from_environment() -> None:
+    import os
+    import sys
+
+    try:
+        emulate_from_environment()
+    except MemfitError as error:
+        # Under the `memfit` command a bad MEMFIT_MEMORY is a one-line error, not a traceback.
+        if os.path.basename(sys.argv[0] if sys.argv else "") in ("memfit", "-m", "__main__.py"):
+            print(f"memfit: error: {error}", file=sys.stderr)
+            raise SystemExit(2) from None
+        raise
+
+
+_emulate_from_environment()

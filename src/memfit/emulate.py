@@ -122,7 +122,11 @@ def emulate_from_environment() -> Budget | None:
         return None
     if memory is not None and device is not None:
         raise MemfitError(f"set either {ENV_MEMORY} or {ENV_DEVICE}, not both")
-    return emulate(memory, device=device) if memory is not None else emulate(device=device)
+    name, value = (ENV_MEMORY, memory) if memory is not None else (ENV_DEVICE, device)
+    try:
+        return emulate(memory) if memory is not None else emulate(device=device)
+    except MemfitError as exc:
+        raise type(exc)(f"{name}={value}: {exc}") from None
 
 
 def ensure_memory_statistics() -> None:
