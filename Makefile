@@ -24,7 +24,7 @@ demo: install
 		--batch-size 1,4,16,64 --memory 1GiB
 
 lint: install
-	$(PY) -m ruff check src tests
+	$(PY) -m ruff check src tests examples
 
 test: install lint
 	$(PY) -m pytest -q --durations=10
