@@ -164,3 +164,19 @@ def test_measure_without_memory_statistics_explains_the_fix():
         """
     )
     assert out is not None and "isolated=True" in out and "memfit.emulate" in out
+
+
+def test_a_batch_whose_inputs_alone_do_not_fit_is_an_oom():
+    out = run_isolated(
+        """
+        import memfit, keras
+        model = keras.Sequential([keras.Input((1024, 1024)), keras.layers.Dense(1)])
+        model.compile("sgd", "mse")
+        r = memfit.measure(model, 64, repeats=1)      # inputs alone: 256 MiB
+        ok = memfit.measure(model, 1, repeats=1)      # and the process goes on
+        emit({"oom": r.oom, "message": r.oom_message, "leak": r.leaked_bytes, "ok": ok.oom})
+        """,
+        env={"MEMFIT_MEMORY": "64MiB"},
+    )
+    assert out["oom"] is True and out["message"].startswith("the batch itself")
+    assert out["ok"] is False and abs(out["leak"]) < 2**20

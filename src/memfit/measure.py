@@ -242,6 +242,22 @@ def measure_workload(
     try:
         with tf.device(device):
             progress(f"batch {batch_size}: preparing inputs")
+            # TensorFlow crashes (SIGSEGV) instead of raising when an eager tensor made from a
+            # NumPy array does not fit the capped allocator: check synthesised inputs first.
+            needed = workload.synthetic_batch_bytes(int(batch_size))
+            if (
+                budget is not None
+                and needed is not None
+                and resident + needed > budget.usable_bytes
+            ):
+                result.oom = True
+                result.oom_message = (
+                    f"the batch itself: its inputs and targets need {format_size(needed)} next "
+                    f"to {format_size(resident)} resident, over the "
+                    f"{format_size(budget.usable_bytes)} budget"
+                )
+                result.peak_bytes = resident + needed
+                return result
             x, y = workload.batch(int(batch_size))
             result.input_shapes = [list(t.shape[1:]) for t in tf.nest.flatten(x)]
             data = (x, y)

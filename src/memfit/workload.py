@@ -139,6 +139,25 @@ class Workload:
             return self._batch_from_data(batch_size)
         return self._synthetic_batch(batch_size)
 
+    def synthetic_batch_bytes(self, batch_size: int) -> int | None:
+        """Bytes of a synthesised batch's inputs and targets (None when data is given)."""
+        if self.data is not None:
+            return None
+        inputs = self._model_inputs() or []
+        total = 0
+        for i, shape in enumerate(self.sample_shapes()):
+            dtype = str(getattr(inputs[i], "dtype", "float32")) if i < len(inputs) else "float32"
+            try:
+                itemsize = np.dtype(dtype).itemsize
+            except TypeError:  # bfloat16 and other dtypes NumPy does not name
+                itemsize = 4
+            total += batch_size * int(np.prod(shape)) * itemsize
+        outputs = self._model_outputs() or []
+        for output in outputs:
+            dims = [d for d in output.shape[1:] if d is not None]
+            total += batch_size * int(np.prod(dims)) * 4
+        return total
+
     def _synthetic_batch(self, batch_size: int) -> tuple[Any, Any]:
         tf = tfb.import_tf()
         rng = np.random.default_rng(0)
