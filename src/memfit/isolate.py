@@ -194,7 +194,6 @@ def measure_in_child(
     repeats: int,
     budget: Budget | None,
     worst_case: bool = False,
-    model_path: str | None = None,
 ) -> Any:
     """`memfit.measure(..., isolated=True)`: the measurement made in a fresh child process."""
     from memfit.measure import Measurement
@@ -208,7 +207,7 @@ def measure_in_child(
             "child process can import"
         )
     with tempfile.TemporaryDirectory(prefix="memfit-model-") as tmp:
-        spec = model_path or (model if isinstance(model, str) else save_for_child(model, tmp))
+        spec = model if isinstance(model, str) else save_for_child(model, tmp)
         result = run_in_child(
             "memfit._child:measure_spec",
             {
