@@ -4,14 +4,19 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 MEMFIT := $(VENV)/bin/memfit
 STAMP := $(VENV)/.memfit-installed
+HUB_DEPS := regex tokenizers sentencepiece kagglehub absl-py packaging rich
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 
-.PHONY: install demo test lint clean
+.PHONY: install demo test lint bench bench-quick clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e ".[cpu,test]"
+	@# keras-hub (the RetinaNet of the demo and benchmarks) without its tensorflow-text
+	@# requirement, which would add the full `tensorflow` beside tensorflow-cpu.
+	$(PY) -m pip install -q --no-deps "keras-hub>=0.21"
+	$(PY) -m pip install -q $(HUB_DEPS)
 	@touch $(STAMP)
 
 install: $(STAMP)
@@ -24,10 +29,19 @@ demo: install
 		--batch-size 1,4,16,64 --memory 1GiB
 
 lint: install
-	$(PY) -m ruff check src tests examples
+	$(PY) -m ruff check src tests examples bench
 
 test: install lint
 	$(PY) -m pytest -q --durations=10
+
+# Benchmarks: one script per claim, tables on the terminal, JSON in bench/results/.
+bench: install
+	@mkdir -p bench/results
+	$(PY) -m bench.batch_search --out bench/results/batch_search.json
+
+bench-quick: install
+	@mkdir -p bench/results
+	$(PY) -m bench.batch_search --quick --out bench/results/batch_search_quick.json
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache build src/*.egg-info

@@ -30,6 +30,7 @@ from memfit.errors import (
     UnknownDeviceError,
     WorkloadError,
 )
+from memfit.fit import FitSummary, GuardedStep, Recovery, fit
 from memfit.measure import Measurement, measure, measure_many
 from memfit.models import load_model
 from memfit.search import BatchSearchResult, Trial, find_batch_size
@@ -47,10 +48,13 @@ __all__ = [
     "DoctorReport",
     "EmulationError",
     "Finding",
+    "FitSummary",
+    "GuardedStep",
     "MeasurementError",
     "Measurement",
     "MemfitError",
     "ModelLoadError",
+    "Recovery",
     "SizeError",
     "Trial",
     "UnknownDeviceError",
@@ -59,6 +63,7 @@ __all__ = [
     "doctor",
     "emulate",
     "find_batch_size",
+    "fit",
     "format_size",
     "get_card",
     "load_model",

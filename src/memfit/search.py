@@ -20,6 +20,8 @@ DEFAULT_MARGIN = 0.05
 # Without a cap, the search stops doubling here.
 DEFAULT_MAX_BATCH = 65536
 PROBE_BATCH = 4
+# How far short of a long extrapolation's prediction the search aims (see _next_guess).
+FAR_SHORTFALL = 0.08
 
 
 @dataclass
@@ -362,8 +364,14 @@ def _next_guess(
         a, b = sizes[0], sizes[-1]
         slope = (peaks[b] - peaks[a]) / (b - a)
         if slope > 0:
+            reach = (limit - peaks[b]) / slope
+            if reach > b:
+                # Far beyond what was measured, the allocator's jitter at small sizes is
+                # multiplied: aim a little short, so the trial fits and gives the slope over
+                # the whole range (an OOM here would teach nothing about the slope).
+                reach *= 1 - FAR_SHORTFALL
             # At or past the limit already: confirm with the next size up.
-            guess = max(lo + 1, b + math.floor((limit - peaks[b]) / slope))
+            guess = max(lo + 1, b + math.floor(reach))
     tried = {t.batch_size for t in trials}
     if guess is None or guess in tried or (hi is not None and guess >= hi):
         # Prediction unusable (flat or falling peaks) or stalled: double, or bisect.

@@ -1,0 +1,270 @@
+"""Benchmark: memfit's batch search against Lightning's and Accelerate's, on real Keras models.
+
+Every method searches the same model under the same emulated budget, one after the other in
+one run, each trial in a fresh child process (as memfit's isolated search does):
+
+- memfit: `find_batch_size(..., margin=0, isolated=True)`, one warm-up + one measured step
+  per trial;
+- Lightning `power` and `binsearch` (init 2, 3 steps per trial, see bench/baselines/);
+- Accelerate's back-off (start 128, x0.9 per OOM, 3 steps per attempt).
+
+The ground truth is the largest size that trains 3 steps without OOM: every outcome the
+methods saw, then bisection with 1-size resolution over the sizes nobody tried, then the
+final pair (runs, size+1 fails) run again to confirm it.
+
+    python -m bench.batch_search            # all four models (about an hour on 2 cores)
+    python -m bench.batch_search --quick    # MobileNetV2 only (under 10 minutes)
+    python -m bench.batch_search --models ResNet50 --out out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from bench.baselines import binsearch_scaling, find_executable_batch_size, power_scaling
+from bench.trials import ROOT, ChildTrials
+
+console = Console(stderr=True)
+
+
+@dataclass(frozen=True)
+class Case:
+    """A model under a budget whose true limit is above 16."""
+
+    spec: str
+    budget: str
+    input_shape: list[int] | None = None
+    data: str | None = None
+
+
+CASES = {
+    "MobileNetV2": Case("keras.applications.MobileNetV2", "2.3GiB", [224, 224, 3]),
+    "ResNet50": Case("keras.applications.ResNet50", "3.25GiB", [224, 224, 3]),
+    "EfficientNetB0": Case("keras.applications.EfficientNetB0", "3GiB", [224, 224, 3]),
+    "RetinaNet": Case("bench.models:retinanet", "1.5GiB", data="bench.models:detection_samples"),
+}
+QUICK = ["MobileNetV2"]
+STEPS = 3
+METHODS = ["memfit", "lightning_power", "lightning_binsearch", "accelerate"]
+
+
+def _progress(method: str) -> Any:
+    def report(size: int, oom: bool, seconds: float) -> None:
+        outcome = "[red]OOM[/red]" if oom else "[green]runs[/green]"
+        console.print(f"    {method:<20} batch {size:>4}: {outcome}  ({seconds:.1f} s)")
+
+    return report
+
+
+def run_memfit(case: Case, budget: Any, seen: dict[int, list[bool]]) -> dict[str, Any]:
+    import memfit
+
+    report = _progress("memfit")
+
+    def on_trial(trial: memfit.Trial) -> None:
+        seen.setdefault(trial.batch_size, []).append(trial.fits)
+        report(trial.batch_size, not trial.fits, trial.seconds)
+
+    start = time.perf_counter()
+    result = memfit.find_batch_size(
+        case.spec,
+        budget,
+        margin=0.0,
+        isolated=True,
+        input_shape=case.input_shape,
+        data=case.data,
+        on_trial=on_trial,
+    )
+    seconds = time.perf_counter() - start
+    return {
+        "found": result.batch_size,
+        "trials": [
+            {"batch_size": t.batch_size, "oom": not t.fits, "seconds": t.seconds}
+            for t in result.trials
+        ],
+        # One warm-up and one measured step per trial (repeats=1).
+        "steps": 2 * len(result.trials),
+        "seconds": seconds,
+        "peak_bytes": result.peak_bytes,
+    }
+
+
+def run_baseline(
+    method: str, case: Case, budget: Any, seen: dict[int, list[bool]]
+) -> dict[str, Any]:
+    runs = ChildTrials(
+        case.spec, budget, STEPS, case.input_shape, case.data, seen, _progress(method)
+    )
+    start = time.perf_counter()
+    if method == "lightning_power":
+        found = power_scaling(runs)
+    elif method == "lightning_binsearch":
+        found = binsearch_scaling(runs)
+    else:
+        found = find_executable_batch_size(runs)
+    seconds = time.perf_counter() - start
+    return {"found": found, **runs.log.to_dict(), "seconds": seconds}
+
+
+def ground_truth(case: Case, budget: Any, seen: dict[int, list[bool]]) -> dict[str, Any]:
+    """Largest size that trains `STEPS` steps: known outcomes, bisection, then confirmation."""
+    runs = ChildTrials(
+        case.spec, budget, STEPS, case.input_shape, case.data, seen, _progress("ground truth")
+    )
+    confirmed: dict[int, bool] = {}
+
+    def outcome(size: int, fresh: bool = False) -> bool:
+        if fresh:
+            confirmed[size] = runs(size)
+            return confirmed[size]
+        if size in confirmed:
+            return confirmed[size]
+        observed = seen.get(size)
+        if observed and (all(observed) or not any(observed)):
+            return observed[0]
+        return outcome(size, fresh=True)
+
+    ran = [s for s, obs in seen.items() if all(obs)]
+    lo = max(ran, default=0)
+    failed = [s for s, obs in seen.items() if not any(obs) and s > lo]
+    hi = min(failed, default=None)
+    # Sizes seen both running and failing, or failing below one that ran: allocator noise.
+    anomalies = sorted(
+        s for s, obs in seen.items() if len(set(obs)) > 1 or (not any(obs) and s < lo)
+    )
+    while hi is None:
+        probe = max(1, lo * 2)
+        if outcome(probe):
+            lo = probe
+        else:
+            hi = probe
+    for _ in range(64):
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if outcome(mid):
+                lo = mid
+            else:
+                hi = mid
+        # Confirm the pair with fresh runs; a contradiction reopens the bracket.
+        lo_ok = lo == 0 or (confirmed[lo] if lo in confirmed else outcome(lo, fresh=True))
+        hi_ok = not (confirmed[hi] if hi in confirmed else outcome(hi, fresh=True))
+        if lo_ok and hi_ok:
+            break
+        if not lo_ok:
+            hi, lo = lo, max([s for s, ok in confirmed.items() if ok and s < lo], default=0)
+        else:
+            lo, hi = hi, hi + 1
+            while outcome(hi):
+                lo, hi = hi, hi * 2
+    return {"true_max": lo, "anomalies": anomalies, **runs.log.to_dict()}
+
+
+def bench_case(name: str, case: Case, methods: list[str]) -> dict[str, Any]:
+    from memfit.budget import Budget
+
+    budget = Budget.from_size(case.budget)
+    console.rule(f"{name} under {case.budget}")
+    seen: dict[int, list[bool]] = {}
+    results: dict[str, Any] = {}
+    for method in methods:
+        console.print(f"  [bold]{method}[/bold]")
+        if method == "memfit":
+            results[method] = run_memfit(case, budget, seen)
+        else:
+            results[method] = run_baseline(method, case, budget, seen)
+    console.print("  [bold]ground truth[/bold]")
+    truth = ground_truth(case, budget, seen)
+    true_max = truth["true_max"]
+    for result in results.values():
+        result["share_of_true_max"] = result["found"] / true_max if true_max else None
+        result["wall_ratio_memfit_to_this"] = (
+            results["memfit"]["seconds"] / result["seconds"] if "memfit" in results else None
+        )
+    return {
+        "spec": case.spec,
+        "input_shape": case.input_shape,
+        "budget": case.budget,
+        "true_max": true_max,
+        "ground_truth": truth,
+        "methods": results,
+    }
+
+
+def table(report: dict[str, Any]) -> Table:
+    out = Table(title="Largest batch: memfit vs Lightning and Accelerate (margin 0)")
+    for column in (
+        "model",
+        "true max",
+        "method",
+        "found",
+        "found/true",
+        "trials",
+        "steps",
+        "wall s",
+        "memfit wall / this",
+    ):
+        out.add_column(column, justify="left" if column in ("model", "method") else "right")
+    for name, case in report["models"].items():
+        for i, (method, r) in enumerate(case["methods"].items()):
+            ratio = r["wall_ratio_memfit_to_this"]
+            out.add_row(
+                name if i == 0 else "",
+                str(case["true_max"]) if i == 0 else "",
+                method,
+                str(r["found"]),
+                f"{r['share_of_true_max']:.0%}" if r["share_of_true_max"] is not None else "-",
+                str(len(r["trials"])),
+                str(r["steps"]),
+                f"{r['seconds']:.0f}",
+                f"{ratio:.0%}" if ratio is not None and method != "memfit" else "",
+            )
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="MobileNetV2 only (< 10 min)")
+    parser.add_argument("--models", nargs="+", choices=sorted(CASES), help="models to run")
+    parser.add_argument("--methods", nargs="+", choices=METHODS, default=METHODS)
+    parser.add_argument("--out", metavar="PATH", help="write the results here as JSON")
+    args = parser.parse_args(argv)
+    # The children import bench.models (the RetinaNet) from the repository root.
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)
+    names = args.models or (QUICK if args.quick else list(CASES))
+    methods = ["memfit", *[m for m in args.methods if m != "memfit"]]
+    started = time.perf_counter()
+    report: dict[str, Any] = {"models": {}}
+    from memfit.backend import tf as tfb
+
+    report["machine"] = {
+        "platform": platform.platform(),
+        "cpus": os.cpu_count(),
+        "python": sys.version.split()[0],
+        "allocator": "CPU BFC capped at the budget, oneDNN off (memfit emulation)",
+        **tfb.versions(),
+    }
+    for name in names:
+        report["models"][name] = bench_case(name, CASES[name], methods)
+        report["seconds"] = time.perf_counter() - started
+        if args.out:  # after each model, so a long run keeps what it has measured
+            with open(args.out, "w") as handle:
+                json.dump(report, handle, indent=2)
+    Console().print(table(report))
+    console.print(f"total {report['seconds'] / 60:.1f} min")
+    if args.out:
+        console.print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

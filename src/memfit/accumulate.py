@@ -1,0 +1,199 @@
+"""Accumulate: one training step split into K micro-batches, gradients summed, applied once.
+
+The step is two compiled functions, so that an out-of-memory error can be recovered from:
+
+- `gradients(data, k)`: forward and backward over `k` micro-batches of the batch, one after
+  the other (a `tf.while_loop` with `parallel_iterations=1`, so only one micro-batch's
+  activations are alive at a time), each micro-batch's loss weighted by its share of the
+  batch so the sum is the gradient of the whole batch's loss. Updates the loss tracker and
+  compiled metrics per micro-batch (their running means come out as for the whole batch).
+  Changes no weight and no optimizer variable.
+- `apply(grads)`: `optimizer.apply_gradients` once — the iteration count and learning-rate
+  schedules advance once per effective batch, and a `LossScaleOptimizer` sees the sum of the
+  micro-batches' scaled gradients, so one non-finite micro-batch makes the whole update skip
+  (it cannot silently drop out of it).
+
+Each input shape and each K is traced concretely (no shape relaxation): detectors such as
+keras-hub's RetinaNet build anchors from the static image size.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from memfit.backend import tf as tfb
+from memfit.errors import MemfitError
+
+
+class AccumulatingStep:
+    """The compiled pieces of a micro-batched training step for one compiled Keras model.
+
+    Args:
+        model: a compiled Keras model using Keras' standard `train_step`.
+
+    Example:
+        ```python
+        step = AccumulatingStep(model)
+        grads = step.gradients(batch, k=4)   # metrics updated, weights untouched
+        step.apply(grads)                    # one optimizer update
+        ```
+    """
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+        self._gradient_fns: dict[int, Callable[..., Any]] = {}
+        self._apply_fn: Callable[..., Any] | None = None
+        # Positions in trainable_variables that get a gradient (known once traced).
+        self.connected: list[int] | None = None
+        self.traces = 0
+
+    # -- gradients --------------------------------------------------------------------------
+    def gradients(self, data: Any, k: int) -> list[Any]:
+        """Gradients of the batch's loss from `k` micro-batches (per replica under a strategy).
+
+        Returns the gradients of the variables at `self.connected` (those that get one);
+        under a strategy, per-replica values for `apply`.
+        """
+        fn = self._gradient_fns.get(k)
+        if fn is None:
+            fn = self._gradient_fns[k] = self._make_gradient_fn(k)
+        return fn(data)
+
+    def _make_gradient_fn(self, k: int) -> Callable[..., Any]:
+        tf = tfb.import_tf()
+        model = self.model
+        variables = list(model.trainable_variables)
+        unconnected: set[int] = set()
+
+        def replica_step(data: Any) -> list[Any]:
+            x, y, sample_weight = _unpack(data)
+            total = tf.shape(tf.nest.flatten(x)[0])[0]
+            micro = (total + k - 1) // k
+            count = (total + micro - 1) // micro
+            accumulators = [tf.zeros_like(v) for v in variables]
+
+            def body(i: Any, acc: list[Any]) -> tuple[Any, list[Any]]:
+                start = i * micro
+                end = tf.minimum(start + micro, total)
+                part = _slice((x, y, sample_weight), start, end)
+                share = tf.cast(end - start, tf.float32) / tf.cast(total, tf.float32)
+                grads = _micro_gradients(model, variables, *part, share)
+                out = []
+                for index, (a, g) in enumerate(zip(acc, grads, strict=True)):
+                    if g is None:
+                        unconnected.add(index)
+                        out.append(a)
+                    else:
+                        if isinstance(g, tf.IndexedSlices):
+                            g = tf.convert_to_tensor(g)
+                        out.append(a + tf.cast(g, a.dtype))
+                return i + 1, out
+
+            _, summed = tf.while_loop(
+                lambda i, _acc: i < count,
+                body,
+                (tf.constant(0), accumulators),
+                parallel_iterations=1,
+            )
+            self.connected = [i for i in range(len(variables)) if i not in unconnected]
+            if not self.connected:
+                raise MemfitError(
+                    f"no trainable variable of model {model.name!r} gets a gradient from the loss"
+                )
+            return [summed[i] for i in self.connected]
+
+        def step(data: Any) -> Any:
+            self.traces += 1
+            return model.distribute_strategy.run(replica_step, args=(data,))
+
+        return tf.function(step, autograph=False)
+
+    # -- apply ------------------------------------------------------------------------------
+    def apply(self, grads: list[Any]) -> None:
+        """One optimizer update with the accumulated gradients."""
+        if self._apply_fn is None:
+            self._apply_fn = self._make_apply_fn()
+        self._apply_fn(grads)
+
+    def _make_apply_fn(self) -> Callable[..., Any]:
+        tf = tfb.import_tf()
+        model = self.model
+        variables = list(model.trainable_variables)
+
+        def replica_apply(grads: list[Any]) -> None:
+            assert self.connected is not None
+            model.optimizer.apply_gradients(
+                zip(grads, [variables[i] for i in self.connected], strict=True)
+            )
+
+        def apply(grads: list[Any]) -> None:
+            model.distribute_strategy.run(replica_apply, args=(grads,))
+
+        return tf.function(apply, autograph=False)
+
+    # -- metric state -----------------------------------------------------------------------
+    def save_metrics(self) -> Any:
+        """Copies of the metric variables (per replica), for `restore_metrics` after an OOM."""
+        if not hasattr(self, "_save_fn"):
+            tf = tfb.import_tf()
+            model = self.model
+            self._metric_vars = list(model.metrics_variables)
+
+            def read() -> list[Any]:
+                return [tf.identity(v) for v in self._metric_vars]
+
+            def write(values: list[Any]) -> None:
+                for v, value in zip(self._metric_vars, values, strict=True):
+                    v.assign(value)
+
+            self._save_fn = tf.function(lambda: model.distribute_strategy.run(read))
+            self._restore_fn = tf.function(
+                lambda values: model.distribute_strategy.run(write, args=(values,))
+            )
+        return self._save_fn() if self._metric_vars else []
+
+    def restore_metrics(self, saved: Any) -> None:
+        """Put the metric variables back as `save_metrics` found them."""
+        if self._metric_vars:
+            self._restore_fn(saved)
+
+
+def _unpack(data: Any) -> tuple[Any, Any, Any]:
+    if isinstance(data, (list, tuple)):
+        items = list(data) + [None] * (3 - len(data))
+        if len(data) in (1, 2, 3):
+            return items[0], items[1], items[2]
+    return data, None, None
+
+
+def _slice(structure: Any, start: Any, end: Any) -> Any:
+    tf = tfb.import_tf()
+
+    def cut(t: Any) -> Any:
+        return None if t is None else t[start:end]
+
+    return tf.nest.map_structure(cut, structure)
+
+
+def _micro_gradients(
+    model: Any, variables: list[Any], x: Any, y: Any, sample_weight: Any, share: Any
+) -> list[Any]:
+    """Keras' `train_step` for one micro-batch, its loss weighted by `share`, no update."""
+    tf = tfb.import_tf()
+    replicas = tf.distribute.get_strategy().num_replicas_in_sync
+    with tf.GradientTape() as tape:
+        y_pred = model(x, training=True) if model._call_has_training_arg else model(x)
+        loss = model._compute_loss(
+            x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=True
+        )
+        count = tf.shape(tf.nest.flatten(x)[0])[0]
+        # The tracker sees the replica's unscaled loss, weighted by its samples (as Keras does).
+        model._loss_tracker.update_state(
+            loss * tf.cast(replicas, loss.dtype) if replicas > 1 else loss,
+            sample_weight=count,
+        )
+        scaled = model.optimizer.scale_loss(loss) * tf.cast(share, loss.dtype)
+    grads = tape.gradient(scaled, variables)
+    model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+    return grads

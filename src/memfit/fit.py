@@ -1,0 +1,481 @@
+"""Fit: `model.fit` that keeps the effective batch, splits steps that do not fit, survives OOM."""
+
+from __future__ import annotations
+
+import gc
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from memfit.accumulate import AccumulatingStep
+from memfit.backend import tf as tfb
+from memfit.budget import as_budget, emulated_budget
+from memfit.errors import MemfitError
+from memfit.sizes import format_size
+
+logger = logging.getLogger("memfit")
+
+# Guard the optimizer update (snapshot the state it changes) while its own peak leaves less
+# than this share of the budget free, or is not known yet.
+APPLY_GUARD_HEADROOM = 0.2
+
+
+@dataclass
+class Recovery:
+    """One out-of-memory error a step recovered from.
+
+    Attributes:
+        update: the optimizer update being computed (its iteration count before the step).
+        epoch: the epoch (from 0), when known.
+        input_shapes: shapes of the batch's inputs.
+        phase: `"gradients"` (forward/backward) or `"apply"` (the optimizer update).
+        old_micro_batches, new_micro_batches: K before and after.
+        peak_bytes: the device's peak when the error struck, when known.
+        seconds: from the error to the step completed with the new K.
+        message: TensorFlow's error, first line.
+    """
+
+    update: int
+    epoch: int | None
+    input_shapes: list[list[int]]
+    phase: str
+    old_micro_batches: int
+    new_micro_batches: int
+    peak_bytes: int | None
+    seconds: float = 0.0
+    message: str = ""
+
+    def __str__(self) -> str:
+        where = f"epoch {self.epoch + 1}, " if self.epoch is not None else ""
+        peak = f", peak {format_size(self.peak_bytes)}" if self.peak_bytes else ""
+        return (
+            f"out of memory in the {self.phase} of update {self.update + 1} ({where}batch "
+            f"{'x'.join(map(str, self.input_shapes[0]))}{peak}): retried with "
+            f"{self.new_micro_batches} micro-batches (was {self.old_micro_batches}), "
+            f"{self.seconds:.1f} s"
+        )
+
+
+@dataclass
+class FitSummary:
+    """What `memfit.fit` did: micro-batches per input shape, recoveries, updates."""
+
+    micro_batches: dict[str, int] = field(default_factory=dict)
+    recoveries: list[Recovery] = field(default_factory=list)
+    updates: int = 0
+    guarded_updates: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "micro_batches": dict(self.micro_batches),
+            "recoveries": [asdict(r) for r in self.recoveries],
+            "updates": self.updates,
+            "guarded_updates": self.guarded_updates,
+        }
+
+
+class GuardedStep:
+    """One training step that splits into micro-batches and recovers from OOM.
+
+    Call it with a batch; it computes the gradients of the whole batch in K micro-batches,
+    applies them in one optimizer update, and returns the model's metrics. On
+    `ResourceExhaustedError` it puts back every variable the failed attempt changed
+    (metrics; weights and optimizer slots when the error struck in the update) and retries
+    the same batch with twice the micro-batches, until a micro-batch is one sample (an error
+    in the update is retried once as it was first: its memory does not depend on K). K is kept
+    per input shape, so a shard of larger images does not slow the rest down.
+
+    Used by `memfit.fit`; use it directly in a custom training loop with a compiled model.
+
+    Args:
+        model: a compiled Keras model with Keras' standard `train_step`.
+        micro_batches: K to start with for every input shape.
+        guard_update: snapshot the state the optimizer update changes before it runs:
+            `"auto"` while the update's own peak is unknown or leaves under 20% of the budget
+            free, `True` always, `False` never (then an OOM inside the update is an error).
+        on_recovery: called with each `Recovery`.
+        verbose: log each recovery (through the `memfit` logger and to the terminal).
+        budget: the budget the update's headroom is judged against (default: the emulated
+            one); without one, `"auto"` guards every update.
+
+    Example:
+        ```python
+        step = memfit.GuardedStep(model)           # model.compile(...) first
+        for x, y in dataset:                       # batches of the effective size
+            logs = step((x, y))
+        print(step.summary.recoveries)
+        ```
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        micro_batches: int = 1,
+        guard_update: bool | str = "auto",
+        on_recovery: Callable[[Recovery], None] | None = None,
+        verbose: bool = True,
+        budget: Any = None,
+    ) -> None:
+        _check_model(model)
+        if guard_update not in (True, False, "auto"):
+            raise MemfitError(f"guard_update must be True, False or 'auto', got {guard_update!r}")
+        self.model = model
+        self.micro_batches = _positive_int(micro_batches, "micro_batches")
+        self.guard_update = guard_update
+        self.on_recovery = on_recovery
+        self.verbose = verbose
+        self.epoch: int | None = None
+        self.summary = FitSummary()
+        self._step = AccumulatingStep(model)
+        self._k: dict[str, int] = {}
+        self._update_peak: int | None = None
+        self._device = tfb.default_device()
+        self._stats = tfb.memory_info(self._device) is not None
+        resolved = as_budget(budget) or emulated_budget()
+        self._limit = resolved.usable_bytes if resolved is not None else None
+
+    # -- the step ---------------------------------------------------------------------------
+    def __call__(self, data: Any) -> dict[str, Any]:
+        key, shapes, batch = _signature(data)
+        k = min(self._k.get(key, self.micro_batches), batch)
+        update = self._iterations()
+        failed_at: float | None = None
+        pending: Recovery | None = None
+        apply_failures = 0
+        while True:
+            saved_metrics = self._step.save_metrics()
+            try:
+                grads = self._step.gradients(data, k)
+            except Exception as exc:
+                if not tfb.is_oom(exc):
+                    raise
+                self._step.restore_metrics(saved_metrics)
+                failed_at = failed_at or time.perf_counter()
+                pending = self._recover(exc, "gradients", k, batch, shapes, update)
+                k = pending.new_micro_batches
+                continue
+            snapshot = self._snapshot() if self._guarding() else None
+            try:
+                self._reset_peak()
+                self._step.apply(grads)
+                self._update_peak = self._peak()
+            except Exception as exc:
+                if not tfb.is_oom(exc):
+                    raise
+                del grads
+                if snapshot is None:
+                    raise MemfitError(
+                        f"out of memory inside the optimizer update ({tfb.oom_summary(exc)}), "
+                        f"which was not guarded (guard_update=False): weights and optimizer "
+                        f"slots may be partly updated. Reload your last checkpoint and run "
+                        f"with guard_update='auto'"
+                    ) from None
+                self._restore(snapshot)
+                self._step.restore_metrics(saved_metrics)
+                self._update_peak = None
+                failed_at = failed_at or time.perf_counter()
+                # The update's memory does not depend on K: retry it as it was once (the
+                # error may have been passing), then with more micro-batches.
+                again = apply_failures > 0
+                apply_failures += 1
+                pending = self._recover(exc, "apply", k, batch, shapes, update, escalate=again)
+                k = pending.new_micro_batches
+                continue
+            break
+        self._k[key] = k
+        self.summary.micro_batches[key] = k
+        self.summary.updates += 1
+        self.summary.guarded_updates += snapshot is not None
+        if pending is not None and failed_at is not None:
+            self._finish_recoveries(update, time.perf_counter() - failed_at)
+        return self.model.get_metrics_result()
+
+    # -- recovery ---------------------------------------------------------------------------
+    def _recover(
+        self,
+        exc: Exception,
+        phase: str,
+        k: int,
+        batch: int,
+        shapes: list[list[int]],
+        update: int,
+        escalate: bool = True,
+    ) -> Recovery:
+        peak = self._peak()
+        gc.collect()
+        if escalate and k >= batch:
+            raise MemfitError(
+                f"even one sample per micro-batch does not fit: the {phase} of a step on "
+                f"{'x'.join(map(str, shapes[0]))} inputs ran out of memory with micro-batches "
+                f"of 1 ({tfb.oom_summary(exc)}"
+                + (f"; peak {format_size(peak)}" if peak else "")
+                + "). Use mixed precision or recompute (`memfit plan` with a model factory "
+                "shows what each saves), smaller inputs, or a card with more memory"
+            ) from None
+        new_k = min(batch, k * 2) if escalate else k
+        recovery = Recovery(
+            update=update,
+            epoch=self.epoch,
+            input_shapes=shapes,
+            phase=phase,
+            old_micro_batches=k,
+            new_micro_batches=new_k,
+            peak_bytes=peak,
+            message=tfb.oom_summary(exc),
+        )
+        self.summary.recoveries.append(recovery)
+        return recovery
+
+    def _finish_recoveries(self, update: int, seconds: float) -> None:
+        for recovery in self.summary.recoveries:
+            if recovery.update == update and recovery.seconds == 0.0:
+                recovery.seconds = seconds
+                text = f"memfit: {recovery}"
+                logger.warning(text)
+                if self.verbose:
+                    print(text, flush=True)
+                if self.on_recovery is not None:
+                    self.on_recovery(recovery)
+
+    # -- the update's guard -----------------------------------------------------------------
+    def _guarding(self) -> bool:
+        if self.guard_update != "auto":
+            return bool(self.guard_update)
+        if not self._stats:
+            return False  # no allocator statistics: no budget an OOM could be caught against
+        if self._update_peak is None or not self._limit:
+            return True
+        return self._update_peak > (1 - APPLY_GUARD_HEADROOM) * self._limit
+
+    def _state_variables(self) -> list[Any]:
+        seen: set[int] = set()
+        out = []
+        for v in [*self.model.trainable_variables, *self.model.optimizer.variables]:
+            if id(v) not in seen:
+                seen.add(id(v))
+                out.append(v)
+        return out
+
+    def _snapshot(self) -> list[np.ndarray]:
+        # Host copies: they take no device memory, and restoring them is bit for bit.
+        return [np.array(v.numpy(), copy=True) for v in self._state_variables()]
+
+    def _restore(self, snapshot: list[np.ndarray]) -> None:
+        for v, value in zip(self._state_variables(), snapshot, strict=True):
+            v.assign(value)
+
+    def _reset_peak(self) -> None:
+        if self._stats:
+            tfb.reset_peak(self._device)
+
+    def _peak(self) -> int | None:
+        info = tfb.memory_info(self._device) if self._stats else None
+        return None if info is None else info.get("peak")
+
+    def _iterations(self) -> int:
+        return int(self.model.optimizer.iterations.numpy())
+
+
+def fit(
+    model: Any,
+    x: Any = None,
+    y: Any = None,
+    batch_size: int | None = None,
+    epochs: int = 1,
+    verbose: str | int = "auto",
+    callbacks: list[Any] | None = None,
+    validation_split: float = 0.0,
+    validation_data: Any = None,
+    shuffle: bool = True,
+    class_weight: dict[int, float] | None = None,
+    sample_weight: Any = None,
+    initial_epoch: int = 0,
+    steps_per_epoch: int | None = None,
+    validation_steps: int | None = None,
+    validation_batch_size: int | None = None,
+    validation_freq: int = 1,
+    *,
+    micro_batches: int | Any = None,
+    guard_update: bool | str = "auto",
+    on_recovery: Callable[[Recovery], None] | None = None,
+    budget: Any = None,
+) -> Any:
+    """`model.fit` that trains at the batch you ask for and survives out-of-memory errors.
+
+    Takes what `model.fit` takes and returns its `History`. `batch_size` is the effective
+    batch: every optimizer update sees exactly that many samples. A batch that does not fit
+    is split inside the step into K micro-batches whose gradients are summed and applied
+    once, so no sample is skipped or seen twice, the optimizer's iteration count and
+    learning-rate schedules advance once per batch, and losses and metrics cover the whole
+    batch. On `ResourceExhaustedError` the same batch is retried with twice the
+    micro-batches, with every variable as it was before the failed attempt (also when the
+    error struck inside the optimizer update). K is kept per input shape.
+
+    `history.memfit` holds a `FitSummary`: K per input shape, each `Recovery`, the updates.
+
+    Args:
+        model: a compiled Keras model with Keras' standard `train_step`.
+        x, y, ..., validation_freq: as `model.fit`. A `tf.data.Dataset` yields batches (as in
+            Keras), and they are the effective batches; a `batch_size` larger than them
+            re-batches the dataset to it, a smaller one is an error.
+        micro_batches: K to start with (an int, or a `memfit.Plan`); default 1 — memfit
+            splits only when a step runs out of memory.
+        guard_update: see `GuardedStep` (default `"auto"`).
+        on_recovery: called with each `Recovery` as it happens.
+        budget: the budget to train in (default: the emulated one, else the device's); it
+            judges the update's headroom. To cap memory, emulate it first (`memfit.emulate`).
+
+    Returns:
+        The `keras.callbacks.History`, with `history.memfit` added.
+
+    Example:
+        ```python
+        memfit.emulate("T4")                 # or on the real card: nothing to set
+        history = memfit.fit(model, train_ds, epochs=10, validation_data=val_ds)
+        for recovery in history.memfit.recoveries:
+            print(recovery)
+        ```
+    """
+    _check_model(model)
+    tf = tfb.import_tf()
+    if batch_size is not None:
+        batch_size = _positive_int(batch_size, "batch_size")
+    if getattr(model, "steps_per_execution", 1) != 1:
+        raise MemfitError(
+            "memfit.fit needs steps_per_execution=1 (it guards each step on its own); "
+            "compile the model without steps_per_execution"
+        )
+    if isinstance(x, tf.data.Dataset):
+        x = _rebatched(x, batch_size)
+        batch_size = None
+    k = getattr(micro_batches, "micro_batches", micro_batches) or 1
+    step = GuardedStep(
+        model,
+        micro_batches=k,
+        guard_update=guard_update,
+        on_recovery=on_recovery,
+        verbose=verbose != 0,
+        budget=budget,
+    )
+    tracker = _EpochTracker(step)
+    previous = model.train_function
+
+    def train_function(iterator: Any) -> dict[str, Any]:
+        return step(next(iterator))
+
+    model.train_function = train_function
+    try:
+        history = model.fit(
+            x,
+            y,
+            batch_size=batch_size,
+            epochs=epochs,
+            verbose=verbose,
+            callbacks=[tracker, *(callbacks or [])],
+            validation_split=validation_split,
+            validation_data=validation_data,
+            shuffle=shuffle,
+            class_weight=class_weight,
+            sample_weight=sample_weight,
+            initial_epoch=initial_epoch,
+            steps_per_epoch=steps_per_epoch,
+            validation_steps=validation_steps,
+            validation_batch_size=validation_batch_size,
+            validation_freq=validation_freq,
+        )
+    finally:
+        model.train_function = previous
+    history.memfit = step.summary
+    return history
+
+
+def _epoch_tracker_class() -> Any:
+    keras = tfb.import_keras()
+
+    class EpochTracker(keras.callbacks.Callback):
+        def __init__(self, step: GuardedStep) -> None:
+            super().__init__()
+            self.step = step
+
+        def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
+            self.step.epoch = epoch
+
+    return EpochTracker
+
+
+def _EpochTracker(step: GuardedStep) -> Any:  # noqa: N802 - builds a keras Callback lazily
+    return _epoch_tracker_class()(step)
+
+
+def _rebatched(dataset: Any, batch_size: int | None) -> Any:
+    """A dataset's batches are the effective batches (as in Keras); check them."""
+    if batch_size is None:
+        return dataset
+    tf = tfb.import_tf()
+    first = tf.nest.flatten(dataset.element_spec)[0]
+    size = first.shape[0] if first.shape.rank else None
+    if size is None:
+        # Not known statically (drop_remainder=False): look at the first batch.
+        for batch in dataset.take(1):
+            size = int(tf.shape(tf.nest.flatten(batch)[0])[0])
+    if size is None:
+        raise MemfitError("the dataset is empty: it yields no batches")
+    if size > batch_size:
+        raise MemfitError(
+            f"the dataset is already batched by {size}, more than batch_size={batch_size}: "
+            f"batch it by {batch_size}, or leave batch_size out to train at {size}"
+        )
+    return dataset.rebatch(batch_size) if size < batch_size else dataset
+
+
+def _check_model(model: Any) -> None:
+    keras = tfb.import_keras()
+    if not isinstance(model, keras.Model):
+        raise MemfitError(
+            f"expected a keras.Model, got {type(model).__name__}: pass the model object"
+        )
+    if getattr(model, "optimizer", None) is None or not getattr(model, "compiled", False):
+        raise MemfitError(
+            f"model {model.name!r} was never compiled: call model.compile(optimizer=..., "
+            f"loss=...) first"
+        )
+    base = keras.Model.train_step
+    own = type(model).train_step
+    if own is not base and getattr(own, "__qualname__", "").split(".")[0] not in (
+        "TensorFlowTrainer",
+        "Trainer",
+    ):
+        raise MemfitError(
+            f"{type(model).__name__} overrides train_step, which memfit cannot split into "
+            f"micro-batches; use memfit.GuardedStep with a compiled model that keeps Keras' "
+            f"train_step, or train it with model.fit"
+        )
+
+
+def _positive_int(value: Any, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise MemfitError(f"{name} must be a positive whole number, got {value!r}")
+    return int(value)
+
+
+def _signature(data: Any) -> tuple[str, list[list[int]], int]:
+    """A key for the batch's input shapes, the shapes, and the (per-replica) batch size."""
+    tf = tfb.import_tf()
+    leaves = []
+    for leaf in tf.nest.flatten(data, expand_composites=False):
+        values = getattr(leaf, "values", None)
+        if isinstance(values, tuple):  # PerReplica: one value per replica
+            leaf = values[0]
+        if hasattr(leaf, "shape"):
+            leaves.append(leaf)
+    if not leaves:
+        raise MemfitError("a training batch without tensors: check what your dataset yields")
+    shapes = [list(leaf.shape) for leaf in leaves]
+    batch = shapes[0][0] if shapes[0] else 1
+    if batch is None:
+        batch = int(tf.shape(leaves[0])[0])
+    return "|".join("x".join(map(str, s)) for s in shapes), shapes, max(1, int(batch))
