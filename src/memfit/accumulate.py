@@ -30,7 +30,12 @@ class AccumulatingStep:
     """The compiled pieces of a micro-batched training step for one compiled Keras model.
 
     Args:
-        model: a compiled Keras model using Keras' standard `train_step`.
+        model: a Keras model; compiled and using Keras' standard `train_step`, unless
+            `loss_fn` and `optimizer` are given.
+        optimizer: the optimizer to apply with (default: the model's).
+        loss_fn: `loss_fn(x, y) -> scalar`, the mean loss of a (micro-)batch, for custom
+            training loops; it calls the model itself. Default: the model's compiled loss
+            and metrics.
 
     Example:
         ```python
@@ -40,8 +45,15 @@ class AccumulatingStep:
         ```
     """
 
-    def __init__(self, model: Any) -> None:
+    def __init__(self, model: Any, optimizer: Any = None, loss_fn: Any = None) -> None:
         self.model = model
+        self.optimizer = optimizer if optimizer is not None else model.optimizer
+        self.loss_fn = loss_fn
+        self.loss_tracker: Any = None
+        if loss_fn is not None:
+            keras = tfb.import_keras()
+            with model.distribute_strategy.scope():
+                self.loss_tracker = keras.metrics.Mean(name="loss")
         self._gradient_fns: dict[int, Callable[..., Any]] = {}
         self._apply_fn: Callable[..., Any] | None = None
         # Positions in trainable_variables that get a gradient (known once traced).
@@ -78,7 +90,7 @@ class AccumulatingStep:
                 end = tf.minimum(start + micro, total)
                 part = _slice((x, y, sample_weight), start, end)
                 share = tf.cast(end - start, tf.float32) / tf.cast(total, tf.float32)
-                grads = _micro_gradients(model, variables, *part, share)
+                grads = self._micro_gradients(variables, *part, share)
                 out = []
                 for index, (a, g) in enumerate(zip(acc, grads, strict=True)):
                     if g is None:
@@ -123,7 +135,7 @@ class AccumulatingStep:
 
         def replica_apply(grads: list[Any]) -> None:
             assert self.connected is not None
-            model.optimizer.apply_gradients(
+            self.optimizer.apply_gradients(
                 zip(grads, [variables[i] for i in self.connected], strict=True)
             )
 
@@ -138,7 +150,7 @@ class AccumulatingStep:
         if not hasattr(self, "_save_fn"):
             tf = tfb.import_tf()
             model = self.model
-            self._metric_vars = list(model.metrics_variables)
+            self._metric_vars = self.metric_variables()
 
             def read() -> list[Any]:
                 return [tf.identity(v) for v in self._metric_vars]
@@ -158,6 +170,48 @@ class AccumulatingStep:
         if self._metric_vars:
             self._restore_fn(saved)
 
+    def _micro_gradients(
+        self, variables: list[Any], x: Any, y: Any, sample_weight: Any, share: Any
+    ) -> list[Any]:
+        """Keras' `train_step` for one micro-batch, its loss weighted by `share`, no update."""
+        tf = tfb.import_tf()
+        model = self.model
+        replicas = tf.distribute.get_strategy().num_replicas_in_sync
+        count = tf.shape(tf.nest.flatten(x)[0])[0]
+        with tf.GradientTape() as tape:
+            if self.loss_fn is not None:
+                loss = self.loss_fn(x, y)
+                y_pred = None
+            else:
+                y_pred = model(x, training=True) if model._call_has_training_arg else model(x)
+                loss = model._compute_loss(
+                    x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=True
+                )
+            if self.loss_fn is None:
+                # The replica's unscaled loss, weighted by its samples (as Keras does).
+                unscaled = loss * tf.cast(replicas, loss.dtype) if replicas > 1 else loss
+                model._loss_tracker.update_state(unscaled, sample_weight=count)
+            else:
+                self.loss_tracker.update_state(loss, sample_weight=count)
+                loss = loss / replicas if replicas > 1 else loss
+            scaled = self.optimizer.scale_loss(loss) * tf.cast(share, loss.dtype)
+        grads = tape.gradient(scaled, variables)
+        if self.loss_fn is None:
+            model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+        return grads
+
+    def metric_variables(self) -> list[Any]:
+        """The variables the gradients phase updates (metrics, loss trackers)."""
+        if self.loss_tracker is not None:
+            return list(self.loss_tracker.variables)
+        return list(self.model.metrics_variables)
+
+    def results(self) -> dict[str, Any]:
+        """The step's logs: the model's metric results, or `{"loss": ...}` with a `loss_fn`."""
+        if self.loss_tracker is not None:
+            return {"loss": self.loss_tracker.result()}
+        return self.model.get_metrics_result()
+
 
 def _unpack(data: Any) -> tuple[Any, Any, Any]:
     if isinstance(data, (list, tuple)):
@@ -174,26 +228,3 @@ def _slice(structure: Any, start: Any, end: Any) -> Any:
         return None if t is None else t[start:end]
 
     return tf.nest.map_structure(cut, structure)
-
-
-def _micro_gradients(
-    model: Any, variables: list[Any], x: Any, y: Any, sample_weight: Any, share: Any
-) -> list[Any]:
-    """Keras' `train_step` for one micro-batch, its loss weighted by `share`, no update."""
-    tf = tfb.import_tf()
-    replicas = tf.distribute.get_strategy().num_replicas_in_sync
-    with tf.GradientTape() as tape:
-        y_pred = model(x, training=True) if model._call_has_training_arg else model(x)
-        loss = model._compute_loss(
-            x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=True
-        )
-        count = tf.shape(tf.nest.flatten(x)[0])[0]
-        # The tracker sees the replica's unscaled loss, weighted by its samples (as Keras does).
-        model._loss_tracker.update_state(
-            loss * tf.cast(replicas, loss.dtype) if replicas > 1 else loss,
-            sample_weight=count,
-        )
-        scaled = model.optimizer.scale_loss(loss) * tf.cast(share, loss.dtype)
-    grads = tape.gradient(scaled, variables)
-    model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
-    return grads

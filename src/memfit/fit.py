@@ -89,10 +89,16 @@ class GuardedStep:
     in the update is retried once as it was first: its memory does not depend on K). K is kept
     per input shape, so a shard of larger images does not slow the rest down.
 
-    Used by `memfit.fit`; use it directly in a custom training loop with a compiled model.
+    Used by `memfit.fit`; use it directly in a custom (GradientTape) training loop: give it
+    your optimizer and a `loss_fn(x, y)` that calls the model and returns the mean loss of
+    the samples it gets, and call it once per batch instead of your tape-and-apply code.
 
     Args:
-        model: a compiled Keras model with Keras' standard `train_step`.
+        model: a Keras model: compiled, with Keras' standard `train_step`; or any model when
+            `optimizer` and `loss_fn` are given.
+        optimizer: the optimizer of a custom loop (default: the model's).
+        loss_fn: `loss_fn(x, y) -> scalar` of a custom loop: the mean loss over the samples of
+            `x` (it is called per micro-batch and weighted by its share of the batch).
         micro_batches: K to start with for every input shape.
         guard_update: snapshot the state the optimizer update changes before it runs:
             `"auto"` while the update's own peak is unknown or leaves under 20% of the budget
@@ -104,9 +110,13 @@ class GuardedStep:
 
     Example:
         ```python
-        step = memfit.GuardedStep(model)           # model.compile(...) first
+        loss = keras.losses.SparseCategoricalCrossentropy()
+        step = memfit.GuardedStep(
+            model, optimizer=keras.optimizers.Adam(1e-3),
+            loss_fn=lambda x, y: loss(y, model(x, training=True)),
+        )
         for x, y in dataset:                       # batches of the effective size
-            logs = step((x, y))
+            logs = step((x, y))                    # {"loss": ...}
         print(step.summary.recoveries)
         ```
     """
@@ -115,12 +125,22 @@ class GuardedStep:
         self,
         model: Any,
         micro_batches: int = 1,
+        *,
+        optimizer: Any = None,
+        loss_fn: Callable[[Any, Any], Any] | None = None,
         guard_update: bool | str = "auto",
         on_recovery: Callable[[Recovery], None] | None = None,
         verbose: bool = True,
         budget: Any = None,
     ) -> None:
-        _check_model(model)
+        if (optimizer is None) != (loss_fn is None):
+            raise MemfitError(
+                "a custom training loop gives GuardedStep both optimizer= and loss_fn=; a "
+                "compiled model gives neither"
+            )
+        _check_model(model, custom_loop=loss_fn is not None)
+        if loss_fn is not None and not callable(loss_fn):
+            raise MemfitError(f"loss_fn must be a function loss_fn(x, y), got {loss_fn!r}")
         if guard_update not in (True, False, "auto"):
             raise MemfitError(f"guard_update must be True, False or 'auto', got {guard_update!r}")
         self.model = model
@@ -130,7 +150,8 @@ class GuardedStep:
         self.verbose = verbose
         self.epoch: int | None = None
         self.summary = FitSummary()
-        self._step = AccumulatingStep(model)
+        self._step = AccumulatingStep(model, optimizer=optimizer, loss_fn=loss_fn)
+        self.optimizer = self._step.optimizer
         self._k: dict[str, int] = {}
         self._update_peak: int | None = None
         self._device = tfb.default_device()
@@ -140,6 +161,13 @@ class GuardedStep:
 
     # -- the step ---------------------------------------------------------------------------
     def __call__(self, data: Any) -> dict[str, Any]:
+        """Train one batch `(x, y)` / `(x, y, sample_weight)`; returns the logs."""
+        if not self.optimizer.built:
+            # Built before the first step, so a guarded update has all its state to save.
+            with self.model.distribute_strategy.scope():
+                self.optimizer.build(self.model.trainable_variables)
+        if self._step.loss_tracker is not None:
+            self._step.loss_tracker.reset_state()  # a custom loop gets this batch's loss
         key, shapes, batch = _signature(data)
         k = min(self._k.get(key, self.micro_batches), batch)
         update = self._iterations()
@@ -192,7 +220,7 @@ class GuardedStep:
         self.summary.guarded_updates += snapshot is not None
         if pending is not None and failed_at is not None:
             self._finish_recoveries(update, time.perf_counter() - failed_at)
-        return self.model.get_metrics_result()
+        return self._step.results()
 
     # -- recovery ---------------------------------------------------------------------------
     def _recover(
@@ -235,7 +263,7 @@ class GuardedStep:
             if recovery.update == update and recovery.seconds == 0.0:
                 recovery.seconds = seconds
                 text = f"memfit: {recovery}"
-                logger.warning(text)
+                logger.info(text)
                 if self.verbose:
                     print(text, flush=True)
                 if self.on_recovery is not None:
@@ -254,7 +282,7 @@ class GuardedStep:
     def _state_variables(self) -> list[Any]:
         seen: set[int] = set()
         out = []
-        for v in [*self.model.trainable_variables, *self.model.optimizer.variables]:
+        for v in [*self.model.trainable_variables, *self.optimizer.variables]:
             if id(v) not in seen:
                 seen.add(id(v))
                 out.append(v)
@@ -277,7 +305,7 @@ class GuardedStep:
         return None if info is None else info.get("peak")
 
     def _iterations(self) -> int:
-        return int(self.model.optimizer.iterations.numpy())
+        return int(self.optimizer.iterations.numpy())
 
 
 def fit(
@@ -432,12 +460,14 @@ def _rebatched(dataset: Any, batch_size: int | None) -> Any:
     return dataset.rebatch(batch_size) if size < batch_size else dataset
 
 
-def _check_model(model: Any) -> None:
+def _check_model(model: Any, custom_loop: bool = False) -> None:
     keras = tfb.import_keras()
     if not isinstance(model, keras.Model):
         raise MemfitError(
             f"expected a keras.Model, got {type(model).__name__}: pass the model object"
         )
+    if custom_loop:
+        return
     if getattr(model, "optimizer", None) is None or not getattr(model, "compiled", False):
         raise MemfitError(
             f"model {model.name!r} was never compiled: call model.compile(optimizer=..., "
