@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
-from tests.helpers import run_isolated
+from helpers import run_isolated
 
 # A small detector-style CNN without BatchNorm: convolutions, global pooling, a box head.
 MODEL = """

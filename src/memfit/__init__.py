@@ -33,6 +33,7 @@ from memfit.errors import (
 from memfit.fit import FitSummary, GuardedStep, Recovery, fit
 from memfit.measure import Measurement, measure, measure_many
 from memfit.models import load_model
+from memfit.plan import Candidate, Plan, plan
 from memfit.search import BatchSearchResult, Trial, find_batch_size
 from memfit.sizes import format_size, parse_size
 from memfit.workload import Workload
@@ -44,6 +45,7 @@ __all__ = [
     "BackendMissingError",
     "BatchSearchResult",
     "Budget",
+    "Candidate",
     "Card",
     "DoctorReport",
     "EmulationError",
@@ -54,6 +56,7 @@ __all__ = [
     "Measurement",
     "MemfitError",
     "ModelLoadError",
+    "Plan",
     "Recovery",
     "SizeError",
     "Trial",
@@ -70,6 +73,7 @@ __all__ = [
     "measure",
     "measure_many",
     "parse_size",
+    "plan",
 ]
 
 

@@ -18,8 +18,17 @@ def measure_spec(
     loss: str | None,
     repeats: int,
     worst_case: bool = False,
+    micro_batches: int = 1,
+    precision: str | None = None,
+    remat: str | None = None,
 ) -> dict[str, Any]:
-    """Load a MODEL spec and measure it in this (fresh) process."""
+    """Load a MODEL spec and measure it in this (fresh) process.
+
+    `precision` and `remat` apply to the layers the spec builds (a dtype policy and a
+    `keras.RematScope` around the build).
+    """
+    import contextlib
+
     from memfit.backend import tf as tfb
     from memfit.errors import MemfitError
     from memfit.isolate import RESIDENT_MARK
@@ -28,8 +37,13 @@ def measure_spec(
     from memfit.workload import Workload
 
     shape = input_shape[0] if input_shape and len(input_shape) == 1 else input_shape
+    keras = tfb.import_keras()
+    if precision:
+        keras.mixed_precision.set_dtype_policy(precision)
+    scope = keras.RematScope(mode=remat) if remat else contextlib.nullcontext()
     try:
-        model = load_model(spec, input_shape=shape)
+        with scope:
+            model = load_model(spec, input_shape=shape)
         # Tell the parent what is resident, in case the step fails slowly (see isolate.py).
         workload = Workload(model, optimizer=optimizer, loss=loss, input_shape=shape)
         if workload.model.optimizer is not None and not workload.model.optimizer.built:
@@ -60,6 +74,7 @@ def measure_spec(
         loss=loss,
         repeats=repeats,
         worst_case=worst_case,
+        micro_batches=micro_batches,
     ).to_dict()
 
 

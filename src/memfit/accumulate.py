@@ -72,6 +72,13 @@ class AccumulatingStep:
             fn = self._gradient_fns[k] = self._make_gradient_fn(k)
         return fn(data)
 
+    def trace(self, data: Any, k: int) -> None:
+        """Trace the gradients function for this batch's shapes and `k` without running it."""
+        fn = self._gradient_fns.get(k)
+        if fn is None:
+            fn = self._gradient_fns[k] = self._make_gradient_fn(k)
+        fn.get_concrete_function(data)
+
     def _make_gradient_fn(self, k: int) -> Callable[..., Any]:
         tf = tfb.import_tf()
         model = self.model

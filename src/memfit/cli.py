@@ -424,6 +424,129 @@ def batch(
     sys.exit(0 if result.fits else 1)
 
 
+# -- plan -----------------------------------------------------------------------------------
+@cli.command()
+@click.argument("model", metavar="MODEL")
+@click.option(
+    "--batch-size",
+    "batch_size",
+    type=click.IntRange(min=1),
+    required=True,
+    help="The target effective batch (samples per optimizer update).",
+)
+@click.option(
+    "--margin",
+    type=float,
+    default=0.05,
+    show_default=True,
+    callback=_margin,
+    help="Share of the budget kept free.",
+)
+@click.option(
+    "--precision",
+    "precisions",
+    multiple=True,
+    type=click.Choice(["float32", "mixed_float16", "mixed_bfloat16"]),
+    help="Precision policies to consider (repeat; default all three for rebuildable models).",
+)
+@click.option(
+    "--remat",
+    "remat_modes",
+    multiple=True,
+    type=click.Choice(["none", "larger_than", "activations", "list_of_layers", "full"]),
+    help="keras.RematScope modes to consider (repeat; default none, larger_than, activations).",
+)
+@model_options
+@budget_options
+@json_option
+def plan(
+    model: str,
+    batch_size: int,
+    margin: float,
+    precisions: tuple[str, ...],
+    remat_modes: tuple[str, ...],
+    input_shape: Any,
+    classes: int | None,
+    optimizer: str | None,
+    loss: str | None,
+    data_spec: str | None,
+    unsafe: bool,
+    memory: str | None,
+    device: str | None,
+    as_json: bool,
+) -> None:
+    """Plan micro-batches, precision and recompute for a target batch of MODEL.
+
+    Each candidate is the step memfit.fit runs (micro-batched gradients, one update),
+    measured in a fresh child process under the budget; the fastest that fits wins.
+    Precision and recompute are planned for factories and built-ins, which memfit can
+    rebuild; for a .keras file only the number of micro-batches.
+    """
+    check_model_spec(model)
+    budget = resolve_budget(memory=memory, device=device) or Budget.from_device()
+    from memfit.plan import plan as make_plan
+
+    def show(c: Any) -> None:
+        verdict = (
+            f"[red]{c.error[:80]}[/]"
+            if c.error
+            else "[bold red]out of memory[/]"
+            if c.oom
+            else "[green]fits[/]"
+            if c.fits
+            else "[yellow]over the margin[/]"
+        )
+        err.print(
+            f"  {c.precision:<15} remat {str(c.remat or 'none'):<12} K={c.micro_batches:<4}"
+            f" micro {c.micro_batch_size:<5} {verdict}  peak {format_size(c.peak_bytes)}"
+            + (f"  {c.step_seconds:.3f} s/batch" if c.step_seconds else "")
+        )
+
+    with err.status("Planning: measuring candidates", spinner="dots"):
+        result = make_plan(
+            model,
+            batch_size,
+            budget,
+            margin=margin,
+            precisions=list(precisions) or None,
+            remat_modes=[None if m == "none" else m for m in remat_modes] or None,
+            input_shape=input_shape,
+            data=data_spec,
+            optimizer=optimizer,
+            loss=loss,
+            on_candidate=show,
+        )
+    if as_json:
+        _print_json(result.to_dict())
+    else:
+        table = Table(title=f"plan for batch {batch_size} in {format_size(budget.usable_bytes)}")
+        for column in ("precision", "remat", "K", "micro-batch", "peak", "s / batch", ""):
+            left = column in ("precision", "remat")
+            table.add_column(column, justify="left" if left else "right")
+        for c in result.candidates:
+            chosen = (
+                result.fits
+                and c.fits
+                and (c.precision, c.remat, c.micro_batches)
+                == (result.precision, result.remat, result.micro_batches)
+            )
+            table.add_row(
+                c.precision,
+                c.remat or "none",
+                str(c.micro_batches),
+                str(c.micro_batch_size),
+                format_size(c.peak_bytes),
+                f"{c.step_seconds:.3f}" if c.step_seconds else "-",
+                "[bold green]chosen[/]"
+                if chosen
+                else ("error" if c.error else "OOM" if c.oom else "fits" if c.fits else "over"),
+            )
+        out.print(table)
+        style = "bold" if result.fits else "bold red"
+        out.print(f"[{style}]{result.summary()}[/]")
+    sys.exit(0 if result.fits else 1)
+
+
 # -- entry point ----------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> None:
     """Run the CLI: user errors become one line on stderr and exit status 2."""

@@ -36,6 +36,7 @@ class Recovery:
         old_micro_batches, new_micro_batches: K before and after.
         peak_bytes: the device's peak when the error struck, when known.
         seconds: from the error to the step completed with the new K.
+        trace_seconds: of `seconds`, the time spent tracing the step for the new K.
         message: TensorFlow's error, first line.
     """
 
@@ -47,6 +48,7 @@ class Recovery:
     new_micro_batches: int
     peak_bytes: int | None
     seconds: float = 0.0
+    trace_seconds: float = 0.0
     message: str = ""
 
     def __str__(self) -> str:
@@ -153,6 +155,7 @@ class GuardedStep:
         self._step = AccumulatingStep(model, optimizer=optimizer, loss_fn=loss_fn)
         self.optimizer = self._step.optimizer
         self._k: dict[str, int] = {}
+        self._traced: set[tuple[str, int]] = set()
         self._update_peak: int | None = None
         self._device = tfb.default_device()
         self._stats = tfb.memory_info(self._device) is not None
@@ -175,6 +178,13 @@ class GuardedStep:
         pending: Recovery | None = None
         apply_failures = 0
         while True:
+            if (key, k) not in self._traced:
+                # Traced apart from running, so a recovery can say what the retrace cost.
+                started = time.perf_counter()
+                self._step.trace(data, k)
+                self._traced.add((key, k))
+                if pending is not None:
+                    pending.trace_seconds += time.perf_counter() - started
             saved_metrics = self._step.save_metrics()
             try:
                 grads = self._step.gradients(data, k)

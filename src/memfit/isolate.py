@@ -194,8 +194,15 @@ def measure_in_child(
     repeats: int,
     budget: Budget | None,
     worst_case: bool = False,
+    micro_batches: int = 1,
+    precision: str | None = None,
+    remat: str | None = None,
 ) -> Any:
-    """`memfit.measure(..., isolated=True)`: the measurement made in a fresh child process."""
+    """`memfit.measure(..., isolated=True)`: the measurement made in a fresh child process.
+
+    `precision` (a Keras dtype policy) and `remat` (a `keras.RematScope` mode) are set in the
+    child before the model is built, for MODEL strings that build it (factories, built-ins).
+    """
     from memfit.measure import Measurement
 
     for name, value in (("optimizer", optimizer), ("loss", loss)):
@@ -219,6 +226,9 @@ def measure_in_child(
                 "loss": loss,
                 "repeats": repeats,
                 "worst_case": worst_case,
+                "micro_batches": micro_batches,
+                "precision": precision,
+                "remat": remat,
             },
             budget=budget,
         )

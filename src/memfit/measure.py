@@ -114,6 +114,7 @@ def measure(
     budget: Budget | str | int | None = None,
     isolated: bool = False,
     worst_case: bool = False,
+    micro_batches: int = 1,
     on_progress: Callable[[str], None] | None = None,
 ) -> Measurement:
     """Run one real training step of `model` at `batch_size` and measure its peak memory.
@@ -146,6 +147,8 @@ def measure(
         isolated: measure in a fresh child process, for devices where an OOM leaves the process
             unusable, or when this process cannot measure (TensorFlow already initialised).
         worst_case: with `data`, build the batch from the dataset's largest samples.
+        micro_batches: measure the step `memfit.fit` runs with this many micro-batches
+            (gradients accumulated over them, one update) instead of the model's `train_step`.
         on_progress: called with a short text at each phase (for progress displays).
 
     Returns:
@@ -176,6 +179,7 @@ def measure(
             repeats=repeats,
             budget=as_budget(budget),
             worst_case=worst_case,
+            micro_batches=micro_batches,
         )
     if isinstance(model, str):
         raise WorkloadError(
@@ -198,6 +202,7 @@ def measure(
         device=device or tfb.default_device(),
         budget=as_budget(budget) or emulated_budget(),
         progress=progress,
+        micro_batches=micro_batches,
     )
 
 
@@ -216,6 +221,7 @@ def measure_workload(
     device: str,
     budget: Budget | None,
     progress: Callable[[str], None] = lambda _text: None,
+    micro_batches: int = 1,
 ) -> Measurement:
     """Measure a prepared Workload (see `measure`); reuses its ranked samples across calls."""
     tf = tfb.import_tf()
@@ -237,7 +243,16 @@ def measure_workload(
         step_seconds=None,
         budget=budget,
     )
-    step = tf.function(model.train_step, jit_compile=bool(getattr(model, "jit_compile", False)))
+    if micro_batches > 1:
+        from memfit.accumulate import AccumulatingStep
+
+        accumulating = AccumulatingStep(model)
+
+        def step(data: Any) -> Any:
+            accumulating.apply(accumulating.gradients(data, micro_batches))
+            return accumulating.results()
+    else:
+        step = tf.function(model.train_step, jit_compile=bool(getattr(model, "jit_compile", False)))
     times: list[float] = []
     try:
         with tf.device(device):
