@@ -1,19 +1,23 @@
 """Benchmark: memfit's batch search against Lightning's and Accelerate's, on real Keras models.
 
 Every method searches the same model under the same emulated budget, one after the other in
-one run, each trial in a fresh child process (as memfit's isolated search does):
+one run, each as its tool runs it, and only the search is timed:
 
-- memfit: `find_batch_size(..., margin=0, isolated=True)`, one warm-up + one measured step
-  per trial;
-- Lightning `power` and `binsearch` (init 2, 3 steps per trial, see bench/baselines/);
-- Accelerate's back-off (start 128, x0.9 per OOM, 3 steps per attempt).
+- memfit: `find_batch_size(..., margin=0)` as `memfit batch` runs it — one child process that
+  builds the model once and measures size after size, replaced after every OOM; one warm-up
+  and one measured step per trial;
+- memfit_in_process: the same search with every trial in one process (`--in-process`);
+- Lightning `power` and `binsearch` (init 2, 3 `train_on_batch` steps per trial, see
+  bench/baselines/) and Accelerate's back-off (start 128, x0.9 per OOM, 3 steps per attempt),
+  each in one process as the originals run: the model built once, an OOM caught and the next
+  size tried; each search in a fresh child process of its own, so the budget applies.
 
-The ground truth is the largest size that trains 3 steps without OOM: every outcome the
-methods saw, then bisection with 1-size resolution over the sizes nobody tried, then the
-final pair (runs, size+1 fails) run again to confirm it.
+The ground truth is the largest size that trains 3 steps without OOM in a fresh process:
+the bracket the methods saw (largest size that ran, smallest above it that failed),
+bisected with 1-size resolution, the final pair (runs, size+1 fails) confirmed by fresh runs.
 
     python -m bench.batch_search            # all four models (about an hour on 2 cores)
-    python -m bench.batch_search --quick    # MobileNetV2 only (under 10 minutes)
+    python -m bench.batch_search --quick    # MobileNetV2, no Accelerate (under 10 minutes)
     python -m bench.batch_search --models ResNet50 --out out.json
 """
 
@@ -31,7 +35,6 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from bench.baselines import binsearch_scaling, find_executable_batch_size, power_scaling
 from bench.trials import ROOT, ChildTrials
 
 console = Console(stderr=True)
@@ -54,8 +57,11 @@ CASES = {
     "RetinaNet": Case("bench.models:retinanet", "1.5GiB", data="bench.models:detection_samples"),
 }
 QUICK = ["MobileNetV2"]
+# --quick leaves out Accelerate's back-off: from 128 it spends a dozen OOM trials.
+QUICK_METHODS = ["memfit", "lightning_power", "lightning_binsearch"]
 STEPS = 3
-METHODS = ["memfit", "lightning_power", "lightning_binsearch", "accelerate"]
+METHODS = ["memfit", "memfit_in_process", "lightning_power", "lightning_binsearch", "accelerate"]
+SEARCH_TIMEOUT = 3600.0
 
 
 def _progress(method: str) -> Any:
@@ -66,7 +72,8 @@ def _progress(method: str) -> Any:
     return report
 
 
-def run_memfit(case: Case, budget: Any, seen: dict[int, list[bool]]) -> dict[str, Any]:
+def run_isolated_memfit(case: Case, budget: Any, seen: dict[int, list[bool]]) -> dict[str, Any]:
+    """memfit's default: every trial in a fresh child process (the CLI without --in-process)."""
     import memfit
 
     report = _progress("memfit")
@@ -85,35 +92,46 @@ def run_memfit(case: Case, budget: Any, seen: dict[int, list[bool]]) -> dict[str
         data=case.data,
         on_trial=on_trial,
     )
-    seconds = time.perf_counter() - start
     return {
         "found": result.batch_size,
         "trials": [
             {"batch_size": t.batch_size, "oom": not t.fits, "seconds": t.seconds}
             for t in result.trials
         ],
-        # One warm-up and one measured step per trial (repeats=1).
         "steps": 2 * len(result.trials),
-        "seconds": seconds,
-        "peak_bytes": result.peak_bytes,
+        "seconds": time.perf_counter() - start,
     }
 
 
-def run_baseline(
+def run_in_process(
     method: str, case: Case, budget: Any, seen: dict[int, list[bool]]
 ) -> dict[str, Any]:
-    runs = ChildTrials(
-        case.spec, budget, STEPS, case.input_shape, case.data, seen, _progress(method)
-    )
+    """One whole search in one fresh child process (see `bench.trials.search_child`)."""
+    from memfit.isolate import run_in_child
+
     start = time.perf_counter()
-    if method == "lightning_power":
-        found = power_scaling(runs)
-    elif method == "lightning_binsearch":
-        found = binsearch_scaling(runs)
-    else:
-        found = find_executable_batch_size(runs)
-    seconds = time.perf_counter() - start
-    return {"found": found, **runs.log.to_dict(), "seconds": seconds}
+    result = run_in_child(
+        "bench.trials:search_child",
+        {
+            "method": method,
+            "spec": case.spec,
+            "steps": STEPS,
+            "input_shape": case.input_shape,
+            "data": case.data,
+        },
+        budget=budget,
+        env={"PYTHONPATH": ROOT},
+        timeout=SEARCH_TIMEOUT,
+        oom_grace=SEARCH_TIMEOUT,  # OOMs are part of the search; the tools go on after them
+    )
+    if result.get("hung_after_oom"):
+        raise RuntimeError(f"{method}: the search process did not finish")
+    report = _progress(method)
+    for trial in result["trials"]:
+        seen.setdefault(trial["batch_size"], []).append(not trial["oom"])
+        report(trial["batch_size"], trial["oom"], trial["seconds"])
+    result["process_seconds"] = time.perf_counter() - start
+    return result
 
 
 def ground_truth(case: Case, budget: Any, seen: dict[int, list[bool]]) -> dict[str, Any]:
@@ -179,9 +197,9 @@ def bench_case(name: str, case: Case, methods: list[str]) -> dict[str, Any]:
     for method in methods:
         console.print(f"  [bold]{method}[/bold]")
         if method == "memfit":
-            results[method] = run_memfit(case, budget, seen)
+            results[method] = run_isolated_memfit(case, budget, seen)
         else:
-            results[method] = run_baseline(method, case, budget, seen)
+            results[method] = run_in_process(method, case, budget, seen)
     console.print("  [bold]ground truth[/bold]")
     truth = ground_truth(case, budget, seen)
     true_max = truth["true_max"]
@@ -233,15 +251,18 @@ def table(report: dict[str, Any]) -> Table:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="MobileNetV2 only (< 10 min)")
+    parser.add_argument(
+        "--quick", action="store_true", help="MobileNetV2, without Accelerate (< 10 min)"
+    )
     parser.add_argument("--models", nargs="+", choices=sorted(CASES), help="models to run")
-    parser.add_argument("--methods", nargs="+", choices=METHODS, default=METHODS)
+    parser.add_argument("--methods", nargs="+", choices=METHODS, help="methods to run")
     parser.add_argument("--out", metavar="PATH", help="write the results here as JSON")
     args = parser.parse_args(argv)
     # The children import bench.models (the RetinaNet) from the repository root.
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)
     names = args.models or (QUICK if args.quick else list(CASES))
-    methods = ["memfit", *[m for m in args.methods if m != "memfit"]]
+    chosen = args.methods or (QUICK_METHODS if args.quick else METHODS)
+    methods = ["memfit", *[m for m in chosen if m != "memfit"]]
     started = time.perf_counter()
     report: dict[str, Any] = {"models": {}}
     from memfit.backend import tf as tfb
@@ -259,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.out:  # after each model, so a long run keeps what it has measured
             with open(args.out, "w") as handle:
                 json.dump(report, handle, indent=2)
-    Console().print(table(report))
+    Console(width=160).print(table(report))
     console.print(f"total {report['seconds'] / 60:.1f} min")
     if args.out:
         console.print(f"wrote {args.out}")

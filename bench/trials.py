@@ -20,25 +20,113 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def train_steps(
     spec: str, batch_size: int, steps: int, input_shape: list[int] | None, data: str | None
 ) -> dict[str, Any]:
-    """Child side: build the model and run `steps` steps of `model.fit` on one batch size."""
+    """Child side: build the model and train `steps` steps (`train_on_batch`) at one size.
+
+    `train_on_batch` runs Keras' train function on the batch as given: no input pipeline
+    holds a second copy of the batch in the (CPU-emulated) device's memory, as it would not
+    on a GPU, where tf.data's buffers live in host memory.
+    """
     from memfit.backend import tf as tfb
     from memfit.models import _call_factory, load_model
     from memfit.workload import Workload
 
-    tf = tfb.import_tf()
     model = load_model(spec, input_shape=tuple(input_shape) if input_shape else None)
     dataset = _call_factory(data) if data else None
     workload = Workload(model, input_shape=input_shape, data=dataset)
     try:
         x, y = workload.batch(batch_size)
-        batches = tf.data.Dataset.from_tensors((x, y)).repeat(steps)
         start = time.perf_counter()
-        workload.model.fit(batches, epochs=1, verbose=0)
+        for _ in range(steps):
+            workload.model.train_on_batch(x, y)
         return {"oom": False, "seconds": time.perf_counter() - start}
     except Exception as exc:  # noqa: BLE001 - only OOMs are an answer; others are re-raised
         if tfb.is_oom(exc):
             return {"oom": True}
         raise
+
+
+def search_child(
+    method: str, spec: str, steps: int, input_shape: list[int] | None, data: str | None
+) -> dict[str, Any]:
+    """Child side: one whole search in this process, as the original tools run theirs.
+
+    The model is built once; each trial trains `steps` steps (`train_on_batch`) on it (Keras
+    keeps one train function, relaxing the batch dimension after the second size), an OOM is
+    caught and the next size tried in the same process — Lightning's and Accelerate's way.
+    memfit runs `find_batch_size(..., isolated=False)`. Only the search is timed.
+    """
+    import gc
+
+    from bench.baselines import binsearch_scaling, find_executable_batch_size, power_scaling
+    from memfit.backend import tf as tfb
+    from memfit.budget import emulated_budget
+    from memfit.models import _call_factory, load_model
+    from memfit.search import find_batch_size
+    from memfit.workload import Workload
+
+    budget = emulated_budget()
+    model = load_model(spec, input_shape=tuple(input_shape) if input_shape else None)
+    dataset = _call_factory(data) if data else None
+    if method == "memfit_in_process":
+        start = time.perf_counter()
+        result = find_batch_size(
+            model, budget, margin=0.0, data=dataset, input_shape=input_shape, isolated=False
+        )
+        return {
+            "found": result.batch_size,
+            "trials": [
+                {"batch_size": t.batch_size, "oom": not t.fits, "seconds": t.seconds}
+                for t in result.trials
+            ],
+            "steps": 2 * len(result.trials),  # one warm-up and one measured step per trial
+            "seconds": time.perf_counter() - start,
+        }
+    workload = Workload(model, input_shape=input_shape, data=dataset)
+    device = tfb.default_device()
+    trials: list[dict[str, Any]] = []
+
+    def runs(size: int) -> bool:
+        start = time.perf_counter()
+        ok, note = True, ""
+        needed = workload.synthetic_batch_bytes(size)
+        resident = (tfb.memory_info(device) or {}).get("current", 0)
+        if budget is not None and needed is not None and resident + needed > budget.usable_bytes:
+            # Making that batch would crash TensorFlow (SIGSEGV) instead of raising an OOM.
+            ok, note = False, "the batch's inputs alone exceed the budget"
+        else:
+            try:
+                x, y = workload.batch(size)
+                for _ in range(steps):
+                    workload.model.train_on_batch(x, y)
+                del x, y
+            except Exception as exc:  # noqa: BLE001 - OOM is the answer; the rest is re-raised
+                if not tfb.is_oom(exc):
+                    raise
+                ok = False
+            gc.collect()  # Lightning's garbage_collection_cuda()
+        trials.append(
+            {
+                "batch_size": size,
+                "oom": not ok,
+                "seconds": time.perf_counter() - start,
+                "note": note,
+            }
+        )
+        return ok
+
+    finders = {
+        "lightning_power": power_scaling,
+        "lightning_binsearch": binsearch_scaling,
+        "accelerate": find_executable_batch_size,
+    }
+    start = time.perf_counter()
+    found = finders[method](runs)
+    return {
+        "found": found,
+        "trials": trials,
+        "steps": steps * len(trials),
+        "seconds": time.perf_counter() - start,
+    }
 
 
 @dataclass

@@ -264,9 +264,9 @@ def test_one_sample_per_micro_batch_still_too_big_is_a_clear_error() -> None:
         MODEL
         + """
 import memfit
-x = np.zeros((4, 512, 512, 3), "float32"); y = np.zeros((4, 4), "float32")
+x = np.zeros((2, 512, 512, 3), "float32"); y = np.zeros((2, 4), "float32")
 try:
-    memfit.fit(build(), x, y, batch_size=4, verbose=0)
+    memfit.fit(build(), x, y, batch_size=2, verbose=0)
     emit({"error": None})
 except memfit.MemfitError as exc:
     emit({"error": str(exc)})

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import sys
 import traceback
+from collections.abc import Callable
 from typing import Any
 
 
@@ -27,12 +29,30 @@ def measure_spec(
     `precision` and `remat` apply to the layers the spec builds (a dtype policy and a
     `keras.RematScope` around the build).
     """
+    measure = open_measurer(
+        spec, data, input_shape, optimizer, loss, worst_case, micro_batches, precision, remat
+    )
+    return measure(batch_size=batch_size, repeats=repeats)
+
+
+def open_measurer(
+    spec: str,
+    data: str | None,
+    input_shape: list[list[int]] | None,
+    optimizer: str | None,
+    loss: str | None,
+    worst_case: bool = False,
+    micro_batches: int = 1,
+    precision: str | None = None,
+    remat: str | None = None,
+) -> Callable[..., dict[str, Any]]:
+    """Load a MODEL spec once; return `measure(batch_size, repeats)` for this process."""
     import contextlib
 
     from memfit.backend import tf as tfb
     from memfit.errors import MemfitError
     from memfit.isolate import RESIDENT_MARK
-    from memfit.measure import measure
+    from memfit.measure import _check_batch_size, measure_workload
     from memfit.models import load_model
     from memfit.workload import Workload
 
@@ -41,11 +61,18 @@ def measure_spec(
     if precision:
         keras.mixed_precision.set_dtype_policy(precision)
     scope = keras.RematScope(mode=remat) if remat else contextlib.nullcontext()
+    dataset = load_dataset(data) if data else None
     try:
         with scope:
             model = load_model(spec, input_shape=shape)
-        # Tell the parent what is resident, in case the step fails slowly (see isolate.py).
-        workload = Workload(model, optimizer=optimizer, loss=loss, input_shape=shape)
+        workload = Workload(
+            model,
+            optimizer=optimizer,
+            loss=loss,
+            input_shape=shape,
+            data=dataset,
+            worst_case=worst_case,
+        )
         if workload.model.optimizer is not None and not workload.model.optimizer.built:
             workload.model.optimizer.build(workload.model.trainable_variables)
     except Exception as exc:
@@ -61,21 +88,29 @@ def measure_spec(
             f"smaller model, or an optimizer with less state (SGD keeps none, Adam two copies "
             f"of the weights)"
         ) from None
-    dataset = load_dataset(data) if data else None
-    info = tfb.memory_info(tfb.default_device())
+    device = tfb.default_device()
+    info = tfb.memory_info(device)
     if info is not None:
+        # Tell the parent what is resident, in case a step fails slowly (see isolate.py).
         print(f"{RESIDENT_MARK}{info['current']}", file=sys.stderr, flush=True)
-    return measure(
-        model,
-        batch_size,
-        data=dataset,
-        input_shape=shape,
-        optimizer=optimizer,
-        loss=loss,
-        repeats=repeats,
-        worst_case=worst_case,
-        micro_batches=micro_batches,
-    ).to_dict()
+    from memfit.budget import emulated_budget
+
+    budget = emulated_budget()
+
+    def measure(batch_size: int, repeats: int, exact: bool = True) -> dict[str, Any]:
+        _check_batch_size(batch_size)
+        tfb.require_memory_stats(device)
+        return measure_workload(
+            workload,
+            int(batch_size),
+            repeats=repeats,
+            device=device,
+            budget=budget,
+            micro_batches=micro_batches,
+            exact=exact,
+        ).to_dict()
+
+    return measure
 
 
 def dataset_size(spec: str) -> int:
@@ -94,24 +129,15 @@ def load_dataset(spec: str) -> Any:
     return _call_factory(spec)
 
 
-def main(argv: list[str]) -> int:
-    with open(argv[1]) as handle:
-        job = json.load(handle)
-    payload: dict[str, Any]
+def _payload(call: Callable[[], Any]) -> dict[str, Any]:
+    """Run `call`; its result, or its error as the parent re-raises it."""
     try:
-        import memfit  # noqa: F401 - applies MEMFIT_MEMORY before TensorFlow initialises
-        from memfit.emulate import ensure_memory_statistics
-
-        ensure_memory_statistics()
-
-        module_name, _, attr = job["function"].partition(":")
-        function = getattr(importlib.import_module(module_name), attr)
-        payload = {"result": function(**job["kwargs"])}
+        return {"result": call()}
     except Exception as exc:  # noqa: BLE001 - everything goes back to the parent
         is_memfit = "memfit.errors" in sys.modules and isinstance(
             exc, sys.modules["memfit.errors"].MemfitError
         )
-        payload = {
+        return {
             "error": {
                 "type": type(exc).__name__,
                 "message": str(exc),
@@ -119,8 +145,43 @@ def main(argv: list[str]) -> int:
                 "traceback": traceback.format_exc(),
             }
         }
-    with open(job["result"], "w") as handle:
+
+
+def _write(path: str, payload: dict[str, Any]) -> None:
+    # Written whole, then renamed: the parent polls for the file and must never see half.
+    with open(path + ".part", "w") as handle:
         json.dump(payload, handle)
+    os.replace(path + ".part", path)
+
+
+def _function(spec: str) -> Callable[..., Any]:
+    module_name, _, attr = spec.partition(":")
+    return getattr(importlib.import_module(module_name), attr)
+
+
+def main(argv: list[str]) -> int:
+    with open(argv[1]) as handle:
+        job = json.load(handle)
+
+    def prepare() -> Any:
+        import memfit  # noqa: F401 - applies MEMFIT_MEMORY before TensorFlow initialises
+        from memfit.emulate import ensure_memory_statistics
+
+        ensure_memory_statistics()
+        return _function(job["function"])(**job["kwargs"])
+
+    if not job.get("serve"):
+        _write(job["result"], _payload(prepare))
+        return 0
+    # Serving: the function returned a handler; answer one request per stdin line.
+    handler: list[Any] = []
+    ready = _payload(lambda: handler.append(prepare()))
+    _write(job["result"], ready)
+    if "error" in ready:
+        return 0
+    for line in sys.stdin:
+        request = json.loads(line)
+        _write(request["result"], _payload(lambda r=request: handler[0](**r["kwargs"])))
     return 0
 
 

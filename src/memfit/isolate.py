@@ -121,22 +121,7 @@ def run_in_child(
             and updates hundreds of variables can take many minutes to fail. The result is
             then `{"hung_after_oom": True, ...}` with what the child's log said.
     """
-    child_env = dict(os.environ)
-    for key in ("MEMFIT_MEMORY", "MEMFIT_DEVICE"):
-        child_env.pop(key, None)
-    if budget is not None:
-        # A fresh process decides the allocator itself: drop limits inherited from this one.
-        for key in (
-            "MEMFIT_EMULATED_BYTES",
-            "MEMFIT_EMULATED_NAME",
-            "MEMFIT_EMULATED_ON",
-            "TF_CPU_BFC_MEM_LIMIT_IN_MB",
-        ):
-            child_env.pop(key, None)
-        child_env["MEMFIT_MEMORY"] = str(budget.usable_bytes)
-    # The parent watches TensorFlow's allocator log (OOM lines, MaxInUse) on the child's stderr.
-    child_env["TF_CPP_MIN_LOG_LEVEL"] = "0"
-    child_env.update(env or {})
+    child_env = _child_env(budget, env)
     with tempfile.TemporaryDirectory(prefix="memfit-child-") as tmp:
         job = os.path.join(tmp, "job.json")
         out = os.path.join(tmp, "result.json")
@@ -156,6 +141,31 @@ def run_in_child(
             raise MeasurementError(_describe_death(proc))
         with open(out) as handle:
             payload = json.load(handle)
+    return _unwrap(payload)
+
+
+def _child_env(budget: Budget | None, env: dict[str, str] | None) -> dict[str, str]:
+    child_env = dict(os.environ)
+    for key in ("MEMFIT_MEMORY", "MEMFIT_DEVICE"):
+        child_env.pop(key, None)
+    if budget is not None:
+        # A fresh process decides the allocator itself: drop limits inherited from this one.
+        for key in (
+            "MEMFIT_EMULATED_BYTES",
+            "MEMFIT_EMULATED_NAME",
+            "MEMFIT_EMULATED_ON",
+            "TF_CPU_BFC_MEM_LIMIT_IN_MB",
+        ):
+            child_env.pop(key, None)
+        child_env["MEMFIT_MEMORY"] = str(budget.usable_bytes)
+    # The parent watches TensorFlow's allocator log (OOM lines, MaxInUse) on the child's stderr.
+    child_env["TF_CPP_MIN_LOG_LEVEL"] = "0"
+    child_env.update(env or {})
+    return child_env
+
+
+def _unwrap(payload: dict[str, Any]) -> Any:
+    """The child's result, or its error raised here (a MemfitError keeps its message)."""
     if payload.get("error"):
         error = payload["error"]
         raise (
@@ -164,6 +174,152 @@ def run_in_child(
             else MeasurementError(f"the child process failed: {error['type']}: {error['message']}")
         )
     return payload["result"]
+
+
+class ChildWorker:
+    """A child process that prepares once, then answers calls until it is closed.
+
+    `function(**kwargs)` runs once in a fresh child (under `budget`) and returns a handler;
+    each `call(**kw)` runs `handler(**kw)` there and returns its JSON result. The stderr
+    watchdog of `run_in_child` applies per call: a call still running `oom_grace` seconds
+    after TensorFlow logged an OOM stops the child and returns `{"hung_after_oom": True, ...}`.
+    Close the worker after a call that ran out of memory to give the next a fresh allocator.
+
+    Args:
+        function: `"package.module:function"` returning the handler.
+        kwargs: JSON-serialisable arguments for it.
+        budget: emulate this budget in the child.
+        env: extra environment variables for the child.
+        oom_grace: as in `run_in_child`.
+    """
+
+    def __init__(
+        self,
+        function: str,
+        kwargs: dict[str, Any],
+        *,
+        budget: Budget | None = None,
+        env: dict[str, str] | None = None,
+        oom_grace: float = OOM_GRACE_SECONDS,
+    ) -> None:
+        self.function, self.kwargs = function, kwargs
+        self.budget, self.env, self.oom_grace = budget, env, oom_grace
+        self._tmp = tempfile.TemporaryDirectory(prefix="memfit-worker-")
+        self._proc: subprocess.Popen[str] | None = None
+        self._state = _ChildRun(returncode=0, stderr="")
+        self._lines: list[str] = []
+        self._ooms: list[float] = []
+        self._calls = 0
+        self.starts = 0
+
+    @property
+    def resident(self) -> int | None:
+        """Resident bytes the child reported after preparing."""
+        return self._state.resident
+
+    def _start(self) -> None:
+        job = os.path.join(self._tmp.name, "job.json")
+        ready = os.path.join(self._tmp.name, f"ready-{self.starts}.json")
+        with open(job, "w") as handle:
+            json.dump(
+                {"function": self.function, "kwargs": self.kwargs, "result": ready, "serve": True},
+                handle,
+            )
+        self._state = _ChildRun(returncode=0, stderr="")
+        self._lines, self._ooms = [], []
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", _CHILD_MODULE, job],
+            env=_child_env(self.budget, self.env),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            errors="replace",
+        )
+        self.starts += 1
+        threading.Thread(target=self._read, args=(self._proc,), daemon=True).start()
+        _unwrap(self._wait(ready, oom_since=None))
+
+    def _read(self, proc: subprocess.Popen[str]) -> None:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            self._lines.append(line)
+            del self._lines[:-200]
+            if any(mark in line for mark in _OOM_MARKS):
+                self._ooms.append(time.monotonic())
+                if self._state.oom_line is None:
+                    start = line.find("] ") + 2 if "] " in line else 0
+                    self._state.oom_line = line[start:].strip()[:300]
+            match = _MAX_IN_USE.search(line)
+            if match:
+                size = parse_size(match.group(1))
+                self._state.max_in_use = max(self._state.max_in_use or 0, size)
+            if line.startswith(RESIDENT_MARK):
+                self._state.resident = int(line[len(RESIDENT_MARK) :].strip())
+
+    def _wait(self, path: str, oom_since: int | None) -> dict[str, Any]:
+        proc = self._proc
+        assert proc is not None
+        while not os.path.exists(path):
+            if proc.poll() is not None:
+                time.sleep(0.2)  # let the reader take the last lines
+                self._state.returncode = proc.returncode
+                self._state.stderr = "".join(self._lines)
+                self._proc = None
+                raise MeasurementError(_describe_death(self._state))
+            if (
+                oom_since is not None
+                and len(self._ooms) > oom_since
+                and time.monotonic() - self._ooms[oom_since] > self.oom_grace
+            ):
+                self._kill()
+                return {
+                    "result": {
+                        "hung_after_oom": True,
+                        "max_in_use_bytes": self._state.max_in_use,
+                        "resident_bytes": self._state.resident,
+                        "oom_message": self._state.oom_line,
+                    }
+                }
+            time.sleep(0.05)
+        with open(path) as handle:
+            return json.load(handle)
+
+    def call(self, **kwargs: Any) -> Any:
+        """Run the handler with these arguments in the child (starting it if needed)."""
+        if self._proc is None or self._proc.poll() is not None:
+            self._start()
+        assert self._proc is not None and self._proc.stdin is not None
+        self._calls += 1
+        path = os.path.join(self._tmp.name, f"result-{self._calls}.json")
+        self._state.oom_line, self._state.max_in_use = None, None
+        since = len(self._ooms)
+        self._proc.stdin.write(json.dumps({"kwargs": kwargs, "result": path}) + "\n")
+        self._proc.stdin.flush()
+        return _unwrap(self._wait(path, oom_since=since))
+
+    def close(self) -> None:
+        """Stop the child; the next call starts a fresh one."""
+        proc, self._proc = self._proc, None
+        if proc is not None and proc.poll() is None:
+            try:
+                assert proc.stdin is not None
+                proc.stdin.close()
+                proc.wait(timeout=10)
+            except (OSError, subprocess.TimeoutExpired):
+                proc.kill()
+                proc.wait()
+
+    def _kill(self) -> None:
+        proc, self._proc = self._proc, None
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+    def shutdown(self) -> None:
+        """Stop the child and remove the worker's files."""
+        self.close()
+        self._tmp.cleanup()
 
 
 def _describe_death(proc: _ChildRun) -> str:
@@ -203,7 +359,6 @@ def measure_in_child(
     `precision` (a Keras dtype policy) and `remat` (a `keras.RematScope` mode) are set in the
     child before the model is built, for MODEL strings that build it (factories, built-ins).
     """
-    from memfit.measure import Measurement
 
     for name, value in (("optimizer", optimizer), ("loss", loss)):
         if value is not None and not isinstance(value, str):
@@ -232,6 +387,13 @@ def measure_in_child(
             },
             budget=budget,
         )
+    return measurement_from_child(result, int(batch_size), budget)
+
+
+def measurement_from_child(result: dict[str, Any], batch_size: int, budget: Budget | None) -> Any:
+    """A `Measurement` from what a child returned (or from its log, when it hung after OOM)."""
+    from memfit.measure import Measurement
+
     if result.get("hung_after_oom"):
         return Measurement(
             batch_size=int(batch_size),

@@ -22,6 +22,10 @@ DEFAULT_MAX_BATCH = 65536
 PROBE_BATCH = 4
 # How far short of a long extrapolation's prediction the search aims (see _next_guess).
 FAR_SHORTFALL = 0.08
+# Trials measured with one shared, relaxed trace (see Workload.train_function).
+CALIBRATION_TRIALS = 3
+# After a predicted size fails, the next try is this share below it (then bisection).
+NEAR_MISS = 0.03
 
 
 @dataclass
@@ -163,8 +167,9 @@ def find_batch_size(
         input_shape: shape of one sample for models with undefined input dimensions.
         optimizer: optimizer to compile with (default: the model's own, else Adam).
         loss: loss to compile with (default: the model's own).
-        isolated: run each trial in a fresh child process (safer: an OOM cannot disturb the
-            next trial, and a step that fails slowly is stopped).
+        isolated: run the trials in a child process that builds the model once and measures
+            size after size, replaced by a fresh one after every OOM (safer: an OOM cannot
+            disturb the next trial, and a step that fails slowly is stopped).
         on_trial: called with each `Trial` as it completes (progress displays).
 
     Returns:
@@ -229,12 +234,32 @@ class _TrialRunner:
             else:
                 self._tmp = tempfile.TemporaryDirectory(prefix="memfit-search-")
                 self.model_spec = save_for_child(model, self._tmp.name)
-            self.kwargs = {
-                "data": data,
-                "input_shape": input_shape,
-                "optimizer": optimizer,
-                "loss": loss,
-            }
+            from memfit.isolate import ChildWorker, _shapes
+
+            for name, value in (("optimizer", optimizer), ("loss", loss)):
+                if value is not None and not isinstance(value, str):
+                    raise WorkloadError(
+                        f"with isolated=True, {name} must be given by name (a string)"
+                    )
+            if data is not None and not isinstance(data, str):
+                raise WorkloadError(
+                    "with isolated=True, data must be a 'package.module:dataset_fn' string that "
+                    "the child process can import"
+                )
+            # One child loads the model once and measures size after size; after an OOM it
+            # is replaced, so the next trial starts on a fresh allocator.
+            self.worker = ChildWorker(
+                "memfit._child:open_measurer",
+                {
+                    "spec": self.model_spec,
+                    "data": data,
+                    "input_shape": [list(s) for s in _shapes(input_shape)] if input_shape else None,
+                    "optimizer": optimizer,
+                    "loss": loss,
+                    "worst_case": worst_case,
+                },
+                budget=budget,
+            )
             if data is not None:
                 self.dataset_size = _child_dataset_size(data)
         else:
@@ -256,23 +281,33 @@ class _TrialRunner:
                 self.dataset_size = len(self.workload.ranked_samples())
                 self.largest_sample = self.workload.largest_sample()
 
-    def __call__(self, batch_size: int) -> Measurement:
+    def __call__(self, batch_size: int, exact: bool = True) -> Measurement:
         if self.isolated:
-            from memfit.isolate import measure_in_child
+            from memfit.isolate import measurement_from_child
 
-            return measure_in_child(
-                self.model_spec,
-                batch_size,
-                repeats=1,
-                budget=self.budget,
-                worst_case=self.worst_case,
-                **self.kwargs,
-            )
+            try:
+                result = self.worker.call(batch_size=int(batch_size), repeats=1, exact=exact)
+            except MemfitError:
+                self.worker.close()
+                raise
+            measurement = measurement_from_child(result, int(batch_size), self.budget)
+            if measurement.oom:
+                self.worker.close()
+            if self.resident_bytes is None and self.worker.resident is not None:
+                self.resident_bytes = self.worker.resident
+            return measurement
         return measure_workload(
-            self.workload, batch_size, repeats=1, device=self.device, budget=self.budget
+            self.workload,
+            batch_size,
+            repeats=1,
+            device=self.device,
+            budget=self.budget,
+            exact=exact,
         )
 
     def close(self) -> None:
+        if self.isolated:
+            self.worker.shutdown()
         if self._tmp is not None:
             self._tmp.cleanup()
 
@@ -308,7 +343,10 @@ def _search(
 
     def trial(size: int, predicted: int | None) -> bool:
         start = time.perf_counter()
-        m = run(size)
+        # The probes and the first prediction only calibrate: one trace shared by all sizes.
+        # The sizes that decide the answer are traced exactly, as memfit.fit will run them.
+        exact = len(result.trials) >= CALIBRATION_TRIALS
+        m = run(size, exact=exact)
         ok = not m.oom and m.peak_bytes is not None and m.peak_bytes <= limit
         t = Trial(size, m.oom, m.peak_bytes, time.perf_counter() - start, predicted, ok)
         result.trials.append(t)
@@ -374,8 +412,19 @@ def _next_guess(
             guess = max(lo + 1, b + math.floor(reach))
     tried = {t.batch_size for t in trials}
     if guess is None or guess in tried or (hi is not None and guess >= hi):
-        # Prediction unusable (flat or falling peaks) or stalled: double, or bisect.
-        guess = lo * 2 if hi is None else (lo + hi) // 2
+        last = trials[-1] if trials else None
+        if (
+            hi is not None
+            and last is not None
+            and last.batch_size == hi
+            and last.predicted_peak_bytes is not None
+            and hi - lo > 2
+        ):
+            # A predicted size just failed: the limit is most likely just below it.
+            guess = hi - max(1, math.floor(NEAR_MISS * hi))
+        else:
+            # Prediction unusable (flat or falling peaks) or stalled: double, or bisect.
+            guess = lo * 2 if hi is None else (lo + hi) // 2
     guess = max(lo + 1, min(guess, upper))
     if slope > 0:
         predicted_peak = int(peaks[sizes[-1]] + slope * (guess - sizes[-1]))
