@@ -58,7 +58,6 @@ class Workload:
         self.data = data
         self.worst_case = worst_case
         self._ranked: list[int] | None = None
-        self._exact_function: Any = None
         self._relaxed_function: Any = None
         self._relaxed: set[str] = set()
         self.input_shape = _normalise_shapes(input_shape)
@@ -289,7 +288,8 @@ class Workload:
     def train_function(self, data: Any = None, exact: bool = True) -> Any:
         """The model's `train_step` as a `tf.function`, kept across measurements.
 
-        `exact=True`: traced for each batch shape as it is — the graph `memfit.fit` runs.
+        `exact=True`: a new function, traced for the batch shape as it is — the graph
+        `memfit.fit` runs.
         `exact=False`: traced once, for `data`'s shapes with the batch dimension left
         undefined, and reused for every batch size. That saves a trace per size (seconds to
         minutes), but such a graph peaks a few percent above an exact one (3-5% for
@@ -299,9 +299,9 @@ class Workload:
         tf = tfb.import_tf()
         jit = bool(getattr(self.model, "jit_compile", False))
         if exact:
-            if self._exact_function is None:
-                self._exact_function = tf.function(self.model.train_step, jit_compile=jit)
-            return self._exact_function
+            # Not kept: a function holds buffers of its last run (tens of MiB for
+            # MobileNetV2), which would count as leaked until the Workload goes.
+            return tf.function(self.model.train_step, jit_compile=jit)
         if self._relaxed_function is None:
             self._relaxed_function = tf.function(
                 self.model.train_step, reduce_retracing=True, jit_compile=jit
