@@ -426,14 +426,17 @@ def _next_guess(
     tried = {t.batch_size for t in trials}
     if guess is None or guess in tried or (hi is not None and guess >= hi):
         last = trials[-1] if trials else None
+        before = trials[-2] if len(trials) >= 2 else None
         if (
             hi is not None
             and last is not None
             and last.batch_size == hi
             and last.predicted_peak_bytes is not None
+            and (before is None or before.fits)
             and hi - lo > 2
         ):
-            # A predicted size just failed: the limit is most likely just below it.
+            # A predicted size just overshot: the limit is most likely just below it. Once;
+            # a second failure in a row bisects.
             guess = hi - max(1, math.floor(NEAR_MISS * hi))
         else:
             # Prediction unusable (flat or falling peaks) or stalled: double, or bisect.
