@@ -360,14 +360,7 @@ def measure_in_child(
     child before the model is built, for MODEL strings that build it (factories, built-ins).
     """
 
-    for name, value in (("optimizer", optimizer), ("loss", loss)):
-        if value is not None and not isinstance(value, str):
-            raise WorkloadError(f"with isolated=True, {name} must be given by name (a string)")
-    if data is not None and not isinstance(data, str):
-        raise WorkloadError(
-            "with isolated=True, data must be a 'package.module:dataset_fn' string that the "
-            "child process can import"
-        )
+    check_child_arguments(optimizer, loss, data)
     with tempfile.TemporaryDirectory(prefix="memfit-model-") as tmp:
         spec = model if isinstance(model, str) else save_for_child(model, tmp)
         result = run_in_child(
@@ -388,6 +381,18 @@ def measure_in_child(
             budget=budget,
         )
     return measurement_from_child(result, int(batch_size), budget)
+
+
+def check_child_arguments(optimizer: Any, loss: Any, data: Any) -> None:
+    """What travels to a child process must be named: optimizer, loss and data as strings."""
+    for name, value in (("optimizer", optimizer), ("loss", loss)):
+        if value is not None and not isinstance(value, str):
+            raise WorkloadError(f"with isolated=True, {name} must be given by name (a string)")
+    if data is not None and not isinstance(data, str):
+        raise WorkloadError(
+            "with isolated=True, data must be a 'package.module:dataset_fn' string that the "
+            "child process can import"
+        )
 
 
 def measurement_from_child(result: dict[str, Any], batch_size: int, budget: Budget | None) -> Any:

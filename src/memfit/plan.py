@@ -10,6 +10,7 @@ picks the configuration with the shortest measured time per effective batch.
 from __future__ import annotations
 
 import math
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -211,9 +212,6 @@ def plan(
     remat_modes = list(remat_modes or (REMAT_MODES if rebuildable else (None,)))
     limit = int(resolved.usable_bytes * (1 - margin))
     started = time.perf_counter()
-
-    import tempfile
-
     with tempfile.TemporaryDirectory(prefix="memfit-plan-") as tmp:
         spec = model if isinstance(model, str) else save_for_child(model, tmp)
         candidates: list[Candidate] = []

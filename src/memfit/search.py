@@ -241,18 +241,9 @@ class _TrialRunner:
             else:
                 self._tmp = tempfile.TemporaryDirectory(prefix="memfit-search-")
                 self.model_spec = save_for_child(model, self._tmp.name)
-            from memfit.isolate import ChildWorker, _shapes
+            from memfit.isolate import ChildWorker, _shapes, check_child_arguments
 
-            for name, value in (("optimizer", optimizer), ("loss", loss)):
-                if value is not None and not isinstance(value, str):
-                    raise WorkloadError(
-                        f"with isolated=True, {name} must be given by name (a string)"
-                    )
-            if data is not None and not isinstance(data, str):
-                raise WorkloadError(
-                    "with isolated=True, data must be a 'package.module:dataset_fn' string that "
-                    "the child process can import"
-                )
+            check_child_arguments(optimizer, loss, data)
             # One child loads the model once and measures size after size; after an OOM it
             # is replaced, so the next trial starts on a fresh allocator.
             self.worker = ChildWorker(
