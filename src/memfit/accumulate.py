@@ -58,7 +58,6 @@ class AccumulatingStep:
         self._apply_fn: Callable[..., Any] | None = None
         # Positions in trainable_variables that get a gradient (known once traced).
         self.connected: list[int] | None = None
-        self.traces = 0
 
     # -- gradients --------------------------------------------------------------------------
     def gradients(self, data: Any, k: int) -> list[Any]:
@@ -123,7 +122,6 @@ class AccumulatingStep:
             return [summed[i] for i in self.connected]
 
         def step(data: Any) -> Any:
-            self.traces += 1
             return model.distribute_strategy.run(replica_step, args=(data,))
 
         return tf.function(step, autograph=False)

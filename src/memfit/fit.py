@@ -399,7 +399,7 @@ def fit(
         verbose=verbose != 0,
         budget=budget,
     )
-    tracker = _EpochTracker(step)
+    tracker = _epoch_tracker(step)
     previous = model.train_function
 
     def train_function(iterator: Any) -> dict[str, Any]:
@@ -431,22 +431,15 @@ def fit(
     return history
 
 
-def _epoch_tracker_class() -> Any:
+def _epoch_tracker(step: GuardedStep) -> Any:
+    """A Keras callback that tells `step` which epoch runs (for its recovery records)."""
     keras = tfb.import_keras()
 
     class EpochTracker(keras.callbacks.Callback):
-        def __init__(self, step: GuardedStep) -> None:
-            super().__init__()
-            self.step = step
-
         def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
-            self.step.epoch = epoch
+            step.epoch = epoch
 
-    return EpochTracker
-
-
-def _EpochTracker(step: GuardedStep) -> Any:  # noqa: N802 - builds a keras Callback lazily
-    return _epoch_tracker_class()(step)
+    return EpochTracker()
 
 
 def _rebatched(dataset: Any, batch_size: int | None) -> Any:
