@@ -39,11 +39,13 @@ bench: install
 	@mkdir -p bench/results
 	$(PY) -m bench.batch_search --out bench/results/batch_search.json
 	$(PY) -m bench.recovery --out bench/results/recovery.json
+	$(PY) -m bench.data_audit --out bench/results/data_audit.json
 
 bench-quick: install
 	@mkdir -p bench/results
 	$(PY) -m bench.batch_search --quick --out bench/results/batch_search_quick.json
 	$(PY) -m bench.recovery --quick --out bench/results/recovery_quick.json
+	$(PY) -m bench.data_audit --quick --out bench/results/data_audit_quick.json
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache build src/*.egg-info

@@ -9,6 +9,8 @@ Public API (everything else is private):
 - `load_model`, `Workload`: MODEL arguments and what a training step is made of.
 - `parse_size`, `format_size`, `CARDS`: sizes and named cards.
 - `MemfitError` and its subclasses: every error a user can fix.
+- `data`: dataset checks (`memfit.data.check`), tf.data pipeline audit (`memfit.data.audit`),
+  a detection input pipeline (`memfit.data.detection_pipeline`); `DataError`.
 
 Setting `MEMFIT_MEMORY=2GiB` or `MEMFIT_DEVICE=T4` in the environment emulates that budget as
 soon as memfit is imported (before TensorFlow initialises).
@@ -16,12 +18,14 @@ soon as memfit is imported (before TensorFlow initialises).
 
 from __future__ import annotations
 
+from memfit import data  # subpackage; imports TensorFlow only when used
 from memfit.budget import Budget
 from memfit.cards import CARDS, Card, get_card
 from memfit.doctor import DoctorReport, Finding, doctor
 from memfit.emulate import emulate, emulate_from_environment
 from memfit.errors import (
     BackendMissingError,
+    DataError,
     EmulationError,
     MeasurementError,
     MemfitError,
@@ -47,6 +51,7 @@ __all__ = [
     "Budget",
     "Candidate",
     "Card",
+    "DataError",
     "DoctorReport",
     "EmulationError",
     "Finding",
@@ -63,6 +68,7 @@ __all__ = [
     "UnknownDeviceError",
     "Workload",
     "WorkloadError",
+    "data",
     "doctor",
     "emulate",
     "find_batch_size",

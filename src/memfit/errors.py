@@ -40,3 +40,7 @@ class WorkloadError(MemfitError, ValueError):
 
 class MeasurementError(MemfitError, RuntimeError):
     """Memory cannot be measured on this device in this process."""
+
+
+class DataError(MemfitError, ValueError):
+    """Data memfit was asked to read or audit cannot be used (no files, unknown schema, ...)."""

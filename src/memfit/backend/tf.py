@@ -256,3 +256,19 @@ def min_system_memory(available_bytes: int, compute_capability: tuple[int, int])
     if major <= 8:
         return 1536 * mib
     return 1800 * mib
+
+
+def dataset_graph(dataset: Any) -> Any:
+    """The `GraphDef` a `tf.data.Dataset` is built from (its ops and the functions it maps).
+
+    Uses `Dataset._as_serialized_graph()`, a private TensorFlow API (stable since TF 2.3);
+    raises `MeasurementError` when this TensorFlow no longer has it.
+    """
+    tf = import_tf()
+    serialize = getattr(dataset, "_as_serialized_graph", None)
+    if serialize is None:
+        raise MeasurementError(
+            f"this TensorFlow ({tf.__version__}) cannot serialise a tf.data graph; "
+            f"memfit data audit needs TensorFlow 2.3 or later"
+        )
+    return tf.compat.v1.GraphDef.FromString(serialize().numpy())
