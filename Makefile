@@ -39,12 +39,14 @@ bench: install
 	@mkdir -p bench/results
 	$(PY) -m bench.batch_search --out bench/results/batch_search.json
 	$(PY) -m bench.recovery --out bench/results/recovery.json
+	$(PY) -m bench.watch_overhead --out bench/results/watch_overhead.json
 	$(PY) -m bench.data_audit --out bench/results/data_audit.json
 
 bench-quick: install
 	@mkdir -p bench/results
 	$(PY) -m bench.batch_search --quick --out bench/results/batch_search_quick.json
 	$(PY) -m bench.recovery --quick --out bench/results/recovery_quick.json
+	$(PY) -m bench.watch_overhead --quick --out bench/results/watch_overhead_quick.json
 	$(PY) -m bench.data_audit --quick --out bench/results/data_audit_quick.json
 
 clean:

@@ -8,6 +8,8 @@ Public API (everything else is private):
 - `doctor`: preflight of this machine.
 - `load_model`, `Workload`: MODEL arguments and what a training step is made of.
 - `parse_size`, `format_size`, `CARDS`: sizes and named cards.
+- `Watch`, `WatchFinding`: a Keras callback that watches training (memory growth, retracing,
+  input-bound, divergence, OOM) and says why and what to do; `memfit report` shows its log.
 - `MemfitError` and its subclasses: every error a user can fix.
 - `data`: dataset checks (`memfit.data.check`), tf.data pipeline audit (`memfit.data.audit`),
   a detection input pipeline (`memfit.data.detection_pipeline`); `DataError`.
@@ -40,6 +42,7 @@ from memfit.models import load_model
 from memfit.plan import Candidate, Plan, plan
 from memfit.search import BatchSearchResult, Trial, find_batch_size
 from memfit.sizes import format_size, parse_size
+from memfit.watch import WatchFinding
 from memfit.workload import Workload
 
 __version__ = "0.1.0"
@@ -66,6 +69,8 @@ __all__ = [
     "SizeError",
     "Trial",
     "UnknownDeviceError",
+    "Watch",  # noqa: F822 - built on first use by __getattr__ below
+    "WatchFinding",
     "Workload",
     "WorkloadError",
     "data",
@@ -81,6 +86,16 @@ __all__ = [
     "parse_size",
     "plan",
 ]
+
+
+def __getattr__(name: str) -> object:
+    # `Watch` subclasses keras.callbacks.Callback: built on first use, so that `import memfit`
+    # does not import Keras (emulation must come before TensorFlow initialises).
+    if name == "Watch":
+        from memfit.watch import watch_class
+
+        return watch_class()
+    raise AttributeError(f"module 'memfit' has no attribute {name!r}")
 
 
 def _emulate_from_environment() -> None:

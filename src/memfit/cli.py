@@ -720,6 +720,70 @@ def data_audit(
     sys.exit(0 if result.ok else 1)
 
 
+# -- report ---------------------------------------------------------------------------------
+@cli.command()
+@click.argument("run", metavar="RUN.jsonl")
+@click.option(
+    "--out",
+    "out_path",
+    metavar="FILE",
+    help="Where to write the HTML page (default: RUN with .html instead of .jsonl).",
+)
+@json_option
+def report(run: str, out_path: str | None, as_json: bool) -> None:
+    """Turn a memfit.Watch log into one self-contained HTML page and a summary.
+
+    RUN is the JSON-lines file written by memfit.Watch(log_path=...). The page (no scripts,
+    nothing fetched) shows memory over the steps with the budget and OOM/recovery marks, step
+    time and input wait, the loss, each finding with its cause and fix, and the run's
+    configuration.
+    """
+    from memfit.report import load_run, write_html
+
+    loaded = load_run(run)
+    if out_path is None:
+        base = run[: -len(".jsonl")] if run.endswith(".jsonl") else run
+        out_path = base + ".html"
+    written = write_html(loaded, out_path)
+    if as_json:
+        _print_json({**loaded.to_dict(), "html_path": written})
+        return
+    _render_report(loaded, written)
+
+
+def _render_report(run: Any, html_path: str) -> None:
+    from rich.markup import escape
+
+    summary = run.summary()
+    table = Table(title=f"memfit watch: {escape(run.name)}", title_justify="left")
+    table.add_column("steps", justify="right")
+    table.add_column("step time", justify="right")
+    table.add_column("input wait", justify="right")
+    table.add_column("peak", justify="right")
+    table.add_column("budget", justify="right")
+    table.add_row(
+        str(summary["steps"]),
+        f"{1000 * summary['mean_step_seconds']:.1f} ms" if summary["mean_step_seconds"] else "-",
+        f"{100 * summary['input_wait_fraction']:.0f}%"
+        if summary["input_wait_fraction"] is not None
+        else "-",
+        format_size(summary["peak_bytes"]) if summary["peak_bytes"] else "-",
+        format_size(summary["budget_bytes"]) if summary["budget_bytes"] else "-",
+    )
+    out.print(table)
+    if not run.findings:
+        out.print("[green]no findings[/]")
+    for finding in run.findings:
+        style = "bold red" if finding.get("severity") == "problem" else "bold yellow"
+        out.print(
+            f"[{style}]{escape(str(finding.get('kind')))}[/] at step {finding.get('step')}: "
+            f"{escape(str(finding.get('message')))}\n  [bold]cause:[/] "
+            f"{escape(str(finding.get('cause')))}\n  [bold]fix:[/] "
+            f"{escape(str(finding.get('fix')))}"
+        )
+    out.print(f"wrote {escape(html_path)}")
+
+
 # -- entry point ----------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> None:
     """Run the CLI: user errors become one line on stderr and exit status 2."""

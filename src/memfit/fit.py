@@ -157,6 +157,9 @@ class GuardedStep:
         self._k: dict[str, int] = {}
         self._traced: set[tuple[str, int]] = set()
         self._update_peak: int | None = None
+        # The device's peak over the last call (gradients and update), for memfit.Watch.
+        self.last_peak_bytes: int | None = None
+        self._gradients_peak: int | None = None
         self._device = tfb.default_device()
         self._stats = tfb.memory_info(self._device) is not None
         resolved = as_budget(budget) or emulated_budget()
@@ -225,6 +228,8 @@ class GuardedStep:
                 continue
             break
         self._k[key] = k
+        peaks = [p for p in (self._gradients_peak, self._update_peak) if p is not None]
+        self.last_peak_bytes = max(peaks) if peaks else None
         self.summary.micro_batches[key] = k
         self.summary.updates += 1
         self.summary.guarded_updates += snapshot is not None
@@ -306,8 +311,14 @@ class GuardedStep:
         for v, value in zip(self._state_variables(), snapshot, strict=True):
             v.assign(value)
 
+    @property
+    def trace_count(self) -> int:
+        """How many step functions were traced (one per input shape and K)."""
+        return len(self._traced)
+
     def _reset_peak(self) -> None:
         if self._stats:
+            self._gradients_peak = self._peak()  # the peak so far, before the update's own
             tfb.reset_peak(self._device)
 
     def _peak(self) -> int | None:
@@ -405,6 +416,7 @@ def fit(
     def train_function(iterator: Any) -> dict[str, Any]:
         return step(next(iterator))
 
+    train_function.guarded_step = step  # type: ignore[attr-defined]  # read by memfit.Watch
     model.train_function = train_function
     try:
         history = model.fit(

@@ -243,6 +243,72 @@ def versions() -> dict[str, str | None]:
     return result
 
 
+def traced_functions(fn: Any, depth: int = 4) -> list[Any]:
+    """The `tf.function`s a (Keras) train function calls, found through its closures.
+
+    Keras 3 builds `model.train_function` as a Python closure over `tf.function`s (wrapped
+    with `functools.wraps`); their tracing counts say how often the step was retraced.
+    """
+    found: list[Any] = []
+    seen: set[int] = set()
+
+    def visit(obj: Any, level: int) -> None:
+        if obj is None or id(obj) in seen or level > depth:
+            return
+        seen.add(id(obj))
+        if hasattr(obj, "experimental_get_tracing_count"):
+            found.append(obj)
+            return
+        visit(getattr(obj, "__wrapped__", None), level + 1)
+        for cell in getattr(obj, "__closure__", None) or ():
+            try:
+                value = cell.cell_contents
+            except ValueError:  # an empty cell
+                continue
+            if callable(value):
+                visit(value, level + 1)
+
+    visit(fn, 0)
+    return found
+
+
+def tracing_count(functions: list[Any]) -> int:
+    """How many times these `tf.function`s have been traced, together."""
+    return sum(int(f.experimental_get_tracing_count()) for f in functions)
+
+
+def write_scalar(tag: str, value: float, step: int) -> None:
+    """Write one TensorBoard scalar to the default summary writer.
+
+    `tf.summary.scalar` needs the `tensorboard` package; this writes the same record (a
+    scalar tensor tagged for TensorBoard's scalars plugin) with TensorFlow alone.
+    """
+    tf = import_tf()
+    metadata = tf.compat.v1.SummaryMetadata(
+        plugin_data=tf.compat.v1.SummaryMetadata.PluginData(plugin_name="scalars")
+    )
+    tf.summary.write(tag, tf.constant(value, tf.float32), step=step, metadata=metadata)
+
+
+def device_memory_limit(device: str) -> int | None:
+    """The bytes TensorFlow's allocator may use on `device` (a GPU's limit), or None.
+
+    Initialises TensorFlow's runtime. On CPU there is no such limit (None) unless the BFC
+    allocator was capped (`set_cpu_allocator_limit`).
+    """
+    if device.upper().startswith("CPU"):
+        return cpu_allocator_limit()
+    import_tf()
+    try:
+        from tensorflow.python.client import device_lib
+
+        index = int(device.split(":")[-1]) if ":" in device else 0
+        limits = [d.memory_limit for d in device_lib.list_local_devices() if d.device_type == "GPU"]
+        return int(limits[index]) if index < len(limits) else None
+    except Exception:  # noqa: BLE001 - a limit is optional information
+        return None
+
+
 def min_system_memory(available_bytes: int, compute_capability: tuple[int, int]) -> int:
     """TensorFlow's default GPU reserve (`MinSystemMemory` in gpu_device.cc, TF 2.13+)."""
     mib = 1024 * 1024

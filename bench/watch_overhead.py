@@ -1,0 +1,155 @@
+"""Benchmark: what memfit.Watch costs per training step (claim: at most 1% at its defaults).
+
+ResNet50 and MobileNetV2 (keras.applications, weights=None) train on a repeated, prefetched
+in-memory tf.data pipeline with plain `model.fit`, with and without `memfit.Watch` at its
+defaults (memory statistics, input-wait timing, trace counting, loss detectors; no log
+file). The two arms alternate round by round in the same process on the same model, after a
+warm-up round of each (tracing), so drift of a noisy shared machine hits both alike. The
+figure is the ratio of median step times, watch / plain, with the spread of the per-round
+ratios.
+
+    python -m bench.watch_overhead            # 96x96, 6 rounds of 15 steps per arm
+    python -m bench.watch_overhead --quick    # 4 rounds of 8 steps
+    python -m bench.watch_overhead --out bench/results/watch_overhead.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+console = Console(stderr=True)
+
+
+def _environment() -> dict[str, Any]:
+    from memfit.backend import tf as tfb
+
+    return {
+        "machine": platform.machine(),
+        "processor": platform.processor(),
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        **tfb.versions(),
+        "device": tfb.default_device(),
+        "allocator": {
+            k: os.environ.get(k)
+            for k in (
+                "TF_CPU_ALLOCATOR_USE_BFC",
+                "TF_CPU_BFC_MEM_LIMIT_IN_MB",
+                "TF_ENABLE_ONEDNN_OPTS",
+                "TF_FORCE_GPU_ALLOW_GROWTH",
+                "MEMFIT_MEMORY",
+            )
+        },
+    }
+
+
+def run_model(name: str, size: int, batch: int, rounds: int, steps: int) -> dict[str, Any]:
+    """Alternate plain and watched `fit` rounds on one model; per-step seconds of each."""
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    import memfit
+
+    keras.utils.set_random_seed(0)
+    build = getattr(keras.applications, name)
+    model = build(weights=None, input_shape=(size, size, 3), classes=10)
+    model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+    rng = np.random.default_rng(0)
+    x = rng.uniform(0, 1, (batch * 4, size, size, 3)).astype("float32")
+    y = rng.integers(0, 10, batch * 4)
+    data = tf.data.Dataset.from_tensor_slices((x, y)).batch(batch).repeat().prefetch(2)
+
+    def one(arm: str, n: int) -> float:
+        callbacks = [memfit.Watch(verbose=False)] if arm == "watch" else []
+        started = time.perf_counter()
+        model.fit(data, epochs=1, steps_per_epoch=n, verbose=0, callbacks=callbacks)
+        return (time.perf_counter() - started) / n
+
+    one("plain", 3)  # tracing and allocator warm-up for both paths
+    one("watch", 3)
+    times: dict[str, list[float]] = {"plain": [], "watch": []}
+    for r in range(rounds):
+        order = ("plain", "watch") if r % 2 == 0 else ("watch", "plain")
+        for arm in order:
+            times[arm].append(one(arm, steps))
+        console.print(
+            f"  {name} round {r + 1}/{rounds}: plain {1000 * times['plain'][-1]:.1f} ms, "
+            f"watch {1000 * times['watch'][-1]:.1f} ms"
+        )
+    ratios = [w / p for w, p in zip(times["watch"], times["plain"], strict=True)]
+    plain, watch = statistics.median(times["plain"]), statistics.median(times["watch"])
+    return {
+        "model": name,
+        "input_size": size,
+        "batch_size": batch,
+        "rounds": rounds,
+        "steps_per_round": steps,
+        "plain_step_seconds": plain,
+        "watch_step_seconds": watch,
+        "ratio": watch / plain,
+        "round_ratios": ratios,
+        "plain_rounds_seconds": times["plain"],
+        "watch_rounds_seconds": times["watch"],
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer, shorter rounds")
+    parser.add_argument("--out", help="write the results as JSON here")
+    parser.add_argument("--size", type=int, default=96, help="input height and width")
+    parser.add_argument("--batch", type=int, default=None, help="default 8 on CPU, 32 on GPU")
+    parser.add_argument("--models", default="ResNet50,MobileNetV2")
+    args = parser.parse_args(argv)
+    # Memory statistics on CPU need the BFC allocator: a roomy emulated budget (no OOM).
+    os.environ.setdefault("MEMFIT_MEMORY", "16GiB")
+    import memfit  # noqa: F401 - applies MEMFIT_MEMORY before TensorFlow initialises
+    from memfit.backend import tf as tfb
+
+    gpu = tfb.default_device().startswith("GPU")
+    batch = args.batch or (32 if gpu else 8)
+    rounds, steps = (4, 8) if args.quick else (6, 15)
+    if gpu:
+        steps *= 4
+    env = _environment()
+    results = []
+    for name in args.models.split(","):
+        console.print(f"[bold]{name}[/] {args.size}x{args.size}, batch {batch}")
+        results.append(run_model(name.strip(), args.size, batch, rounds, steps))
+
+    table = Table(title=f"memfit.Watch overhead ({env['device']}, TF {env['tensorflow']})")
+    for col in ("model", "input", "batch", "plain ms/step", "watch ms/step", "ratio",
+                "round ratios (min-max)"):
+        table.add_column(col, justify="right")
+    for r in results:
+        table.add_row(
+            r["model"],
+            f"{r['input_size']}x{r['input_size']}",
+            str(r["batch_size"]),
+            f"{1000 * r['plain_step_seconds']:.1f}",
+            f"{1000 * r['watch_step_seconds']:.1f}",
+            f"{r['ratio']:.3f}",
+            f"{min(r['round_ratios']):.3f}-{max(r['round_ratios']):.3f}",
+        )
+    Console().print(table)
+    if args.out:
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        with open(args.out, "w", encoding="utf-8") as handle:
+            json.dump({"environment": env, "results": results}, handle, indent=2)
+        console.print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
