@@ -5,8 +5,9 @@ in-memory tf.data pipeline with plain `model.fit`, with and without `memfit.Watc
 defaults (memory statistics, input-wait timing, trace counting, loss detectors; no log
 file). The two arms alternate round by round in the same process on the same model, after a
 warm-up round of each (tracing), so drift of a noisy shared machine hits both alike. The
-figure is the ratio of median step times, watch / plain, with the spread of the per-round
-ratios.
+figures are ratios watch / plain: of the rounds' median step times, and of the 25th
+percentile and minimum of single steps (timed by a begin-only callback in both arms), which a
+busy shared machine disturbs least.
 
     python -m bench.watch_overhead            # 96x96, 6 rounds of 15 steps per arm
     python -m bench.watch_overhead --quick    # 4 rounds of 8 steps
@@ -70,11 +71,27 @@ def run_model(name: str, size: int, batch: int, rounds: int, steps: int) -> dict
     y = rng.integers(0, 10, batch * 4)
     data = tf.data.Dataset.from_tensor_slices((x, y)).batch(batch).repeat().prefetch(2)
 
+    class Clock(keras.callbacks.Callback):
+        """Timestamps each batch's start: a begin hook only, so Keras' async dispatch stays."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.starts: list[float] = []
+
+        def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
+            self.starts.append(time.perf_counter())
+
+    steps_seen: dict[str, list[float]] = {"plain": [], "watch": []}
+
     def one(arm: str, n: int) -> float:
-        callbacks = [memfit.Watch(verbose=False)] if arm == "watch" else []
+        clock = Clock()
+        callbacks = [clock, memfit.Watch(verbose=False)] if arm == "watch" else [clock]
         started = time.perf_counter()
         model.fit(data, epochs=1, steps_per_epoch=n, verbose=0, callbacks=callbacks)
-        return (time.perf_counter() - started) / n
+        ended = time.perf_counter()
+        if n > 3:
+            steps_seen[arm] += [b - a for a, b in zip(clock.starts, clock.starts[1:], strict=False)]
+        return (ended - started) / n
 
     one("plain", 3)  # tracing and allocator warm-up for both paths
     one("watch", 3)
@@ -89,7 +106,13 @@ def run_model(name: str, size: int, batch: int, rounds: int, steps: int) -> dict
         )
     ratios = [w / p for w, p in zip(times["watch"], times["plain"], strict=True)]
     plain, watch = statistics.median(times["plain"]), statistics.median(times["watch"])
+    per_step = {arm: sorted(v) for arm, v in steps_seen.items()}
+    quartile = {arm: v[len(v) // 4] for arm, v in per_step.items()}
     return {
+        "step_min_seconds": {arm: v[0] for arm, v in per_step.items()},
+        "step_p25_seconds": quartile,
+        "ratio_min": per_step["watch"][0] / per_step["plain"][0],
+        "ratio_p25": quartile["watch"] / quartile["plain"],
         "model": name,
         "input_size": size,
         "batch_size": batch,
@@ -128,9 +151,20 @@ def main(argv: list[str] | None = None) -> int:
         console.print(f"[bold]{name}[/] {args.size}x{args.size}, batch {batch}")
         results.append(run_model(name.strip(), args.size, batch, rounds, steps))
 
-    table = Table(title=f"memfit.Watch overhead ({env['device']}, TF {env['tensorflow']})")
-    for col in ("model", "input", "batch", "plain ms/step", "watch ms/step", "ratio",
-                "round ratios (min-max)"):
+    table = Table(
+        show_lines=False, title=f"memfit.Watch overhead ({env['device']}, TF {env['tensorflow']})"
+    )
+    for col in (
+        "model",
+        "input",
+        "batch",
+        "plain ms/step",
+        "watch ms/step",
+        "ratio",
+        "ratio p25 step",
+        "ratio min step",
+        "round ratios",
+    ):
         table.add_column(col, justify="right")
     for r in results:
         table.add_row(
@@ -140,9 +174,11 @@ def main(argv: list[str] | None = None) -> int:
             f"{1000 * r['plain_step_seconds']:.1f}",
             f"{1000 * r['watch_step_seconds']:.1f}",
             f"{r['ratio']:.3f}",
+            f"{r['ratio_p25']:.3f}",
+            f"{r['ratio_min']:.3f}",
             f"{min(r['round_ratios']):.3f}-{max(r['round_ratios']):.3f}",
         )
-    Console().print(table)
+    Console(width=160).print(table)
     if args.out:
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
         with open(args.out, "w", encoding="utf-8") as handle:
