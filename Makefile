@@ -41,6 +41,7 @@ bench: install
 	$(PY) -m bench.recovery --out bench/results/recovery.json
 	$(PY) -m bench.watch_overhead --out bench/results/watch_overhead.json
 	$(PY) -m bench.data_audit --out bench/results/data_audit.json
+	$(PY) -m bench.estimate_accuracy --out bench/results/estimate_accuracy.json
 
 bench-quick: install
 	@mkdir -p bench/results
@@ -48,6 +49,7 @@ bench-quick: install
 	$(PY) -m bench.recovery --quick --out bench/results/recovery_quick.json
 	$(PY) -m bench.watch_overhead --quick --out bench/results/watch_overhead_quick.json
 	$(PY) -m bench.data_audit --quick --out bench/results/data_audit_quick.json
+	$(PY) -m bench.estimate_accuracy --quick --out bench/results/estimate_accuracy_quick.json
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache build src/*.egg-info

@@ -4,6 +4,7 @@ Public API (everything else is private):
 
 - `Budget`, `emulate`: the memory a device gives training, and emulating a smaller card.
 - `measure`, `Measurement`: what one training step really costs.
+- `estimate`, `Estimate`: a step's peak predicted without running it, with a breakdown.
 - `find_batch_size`, `BatchSearchResult`: the largest batch that fits a budget.
 - `doctor`: preflight of this machine.
 - `load_model`, `Workload`: MODEL arguments and what a training step is made of.
@@ -36,6 +37,7 @@ from memfit.errors import (
     UnknownDeviceError,
     WorkloadError,
 )
+from memfit.estimate import Estimate, estimate
 from memfit.fit import FitSummary, GuardedStep, Recovery, fit
 from memfit.measure import Measurement, measure, measure_many
 from memfit.models import load_model
@@ -57,6 +59,7 @@ __all__ = [
     "DataError",
     "DoctorReport",
     "EmulationError",
+    "Estimate",
     "Finding",
     "FitSummary",
     "GuardedStep",
@@ -76,6 +79,7 @@ __all__ = [
     "data",
     "doctor",
     "emulate",
+    "estimate",
     "find_batch_size",
     "fit",
     "format_size",

@@ -1,0 +1,227 @@
+"""Benchmark: memfit.estimate's predicted peak against the measured one, and two baselines.
+
+For each model x batch size x optimizer (Adam; SGD with momentum 0.9), one fresh child process
+under an emulated budget (CPU, BFC allocator, oneDNN off) first measures the step as
+`memfit.measure` does (one warm-up, then the highest peak of 3 steps), then predicts it three
+ways:
+
+- memfit: `memfit.estimate` (traced step replayed through executor + BFC model);
+- stackoverflow: the popular formula `4 bytes x (batch x sum of layer output elements +
+  parameters)` (https://stackoverflow.com/q/43130435, the "rough estimate" answers);
+- grappler: TensorFlow's own `Cluster.DeterminePeakMemoryUsage` on the same traced step graph
+  (tensorflow/python/grappler/cluster.py, a virtual CPU cluster), plus the measured resident
+  bytes (weights, optimizer state) that its graph does not hold.
+
+    python -m bench.estimate_accuracy --quick            # 2 models, 96 px (about 10 minutes)
+    python -m bench.estimate_accuracy --out out.json     # all models, 128 px
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
+from helpers import run_isolated  # noqa: E402
+
+console = Console()
+
+MODELS = [
+    "MobileNetV2",
+    "ResNet50",
+    "EfficientNetB0",
+    "VGG16",
+    "DenseNet121",
+    "InceptionV3",
+    "NASNetMobile",
+    "ConvNeXtTiny",
+]
+QUICK = ["MobileNetV2", "ResNet50"]
+
+CHILD = """
+import memfit, keras, numpy as np
+from memfit.backend import tf as tfb
+from memfit.workload import Workload
+from memfit.measure import measure_workload, _build_optimizer
+tf = tfb.import_tf()
+name, size, batch, opt = {name!r}, {size}, {batch}, {opt!r}
+model = getattr(keras.applications, name)(weights=None, input_shape=(size, size, 3), classes=10)
+optimizer = keras.optimizers.Adam() if opt == "adam" else keras.optimizers.SGD(momentum=0.9)
+workload = Workload(model, optimizer=optimizer)
+_build_optimizer(model)
+m = measure_workload(workload, batch, repeats=3, device="CPU:0", budget=None)
+e = memfit.estimate(model, batch)
+params = sum(int(np.prod(v.shape)) for v in model.weights)
+outputs = 0
+for layer in model.layers:
+    for t in tf.nest.flatten(layer.output):
+        outputs += int(np.prod([d for d in t.shape[1:] if d is not None]))
+stackoverflow = 4 * (batch * outputs + params)
+grappler = None
+try:
+    from memfit.backend import tf_graph
+    from tensorflow.python.grappler import cluster as gcluster, item as gitem
+    from tensorflow.core.protobuf import meta_graph_pb2, device_properties_pb2
+    from tensorflow.core.framework import types_pb2
+    specs = tf_graph.batch_specs(workload, batch)
+    concrete = tf.function(model.train_step).get_concrete_function(specs)
+    gd = concrete.graph.as_graph_def()
+    device = "/job:localhost/replica:0/task:0/device:CPU:0"
+    for node in gd.node:
+        # Captured variables become variable handles, so grappler's virtual run can place them.
+        if node.op == "Placeholder" and node.attr["dtype"].type == types_pb2.DT_RESOURCE:
+            node.op = "VarHandleOp"
+            node.attr["dtype"].type = types_pb2.DT_FLOAT
+            node.attr["shape"].shape.unknown_rank = True
+            node.attr["shared_name"].s = node.name.encode()
+            node.attr["container"].s = b""
+        node.device = device
+    meta = meta_graph_pb2.MetaGraphDef()
+    meta.graph_def.CopyFrom(gd)
+    fetch = meta_graph_pb2.CollectionDef()
+    for t in concrete.outputs:
+        fetch.node_list.value.append(t.name)
+    meta.collection_def["train_op"].CopyFrom(fetch)
+    props = device_properties_pb2.DeviceProperties(type="CPU", memory_size=6 << 30, num_cores=2)
+    named = device_properties_pb2.NamedDevice(name=device, properties=props)
+    cl = gcluster.Cluster(devices=[named])
+    report = cl.DeterminePeakMemoryUsage(gitem.Item(meta))
+    grappler = int(max(v[0] for v in report.values()) + m.resident_bytes)
+except Exception as exc:
+    print("grappler failed:", exc)
+emit({{"measured": m.peak_bytes, "peaks": m.peaks_bytes, "resident": m.resident_bytes,
+       "memfit": e.peak_bytes, "stackoverflow": stackoverflow, "grappler": grappler,
+       "phase": e.peak_moment.get("phase"), "layer": e.peak_moment.get("layer")}})
+"""
+
+
+def _error(predicted: int | None, measured: int) -> float | None:
+    return None if predicted is None else (predicted - measured) / measured
+
+
+def _stats(errors: list[float]) -> dict[str, float | None]:
+    values = sorted(abs(e) for e in errors)
+    if not values:
+        return {"median": None, "p90": None, "max": None}
+    p90 = values[min(len(values) - 1, int(round(0.9 * (len(values) - 1))))]
+    return {"median": statistics.median(values), "p90": p90, "max": values[-1]}
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run the benchmark; print the table; write JSON with `--out`."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="2 models at 96 px.")
+    parser.add_argument("--models", nargs="*", help="keras.applications names.")
+    parser.add_argument("--size", type=int, help="Image side in pixels.")
+    parser.add_argument("--batches", default=None, help="Comma-separated batch sizes.")
+    parser.add_argument("--out", help="Write results as JSON here.")
+    args = parser.parse_args(argv)
+    models = args.models or (QUICK if args.quick else MODELS)
+    size = args.size or (96 if args.quick else 128)
+    batches = [int(b) for b in (args.batches or ("2,4,8" if args.quick else "4,8,16")).split(",")]
+    rows: list[dict[str, Any]] = []
+    started = time.perf_counter()
+    for name in models:
+        for opt in ("adam", "sgd"):
+            for batch in batches:
+                console.print(f"{name} {size}px batch {batch} {opt} ...", end=" ")
+                code = CHILD.format(name=name, size=size, batch=batch, opt=opt)
+                try:
+                    r = run_isolated(code, env={"MEMFIT_MEMORY": "6GiB"}, timeout=900)
+                except AssertionError as exc:
+                    console.print(f"[red]failed[/] {str(exc)[-300:]}")
+                    continue
+                row = {"model": name, "size": size, "batch_size": batch, "optimizer": opt, **r}
+                for method in ("memfit", "stackoverflow", "grappler"):
+                    row[f"{method}_error"] = _error(r[method], r["measured"])
+                rows.append(row)
+                console.print(
+                    f"measured {r['measured'] / 2**20:.1f} MiB, memfit {row['memfit_error']:+.1%}"
+                )
+    table = Table(title=f"Predicted vs measured peak (CPU, BFC, {size}px)")
+    for column in (
+        "model",
+        "opt",
+        "batch",
+        "measured MiB",
+        "spread MiB",
+        "memfit",
+        "stackoverflow",
+        "grappler",
+    ):
+        table.add_column(column, justify="right" if column != "model" else "left")
+    for row in rows:
+        spread = (max(row["peaks"]) - min(row["peaks"])) / 2**20
+
+        def pct(value: float | None) -> str:
+            return "n/a" if value is None else f"{value:+.1%}"
+
+        table.add_row(
+            row["model"],
+            row["optimizer"],
+            str(row["batch_size"]),
+            f"{row['measured'] / 2**20:.1f}",
+            f"{spread:.1f}",
+            pct(row["memfit_error"]),
+            pct(row["stackoverflow_error"]),
+            pct(row["grappler_error"]),
+        )
+    console.print(table)
+    summary = {}
+    for method in ("memfit", "stackoverflow", "grappler"):
+        errors = [r[f"{method}_error"] for r in rows if r[f"{method}_error"] is not None]
+        summary[method] = _stats(errors)
+        s = summary[method]
+        if s["median"] is not None:
+            console.print(
+                f"{method:>14}: median {s['median']:.1%}  p90 {s['p90']:.1%}  "
+                f"max {s['max']:.1%}  (|error|, n={len(errors)})"
+            )
+    per_model_better = {}
+    for name in models:
+        mine = [abs(r["memfit_error"]) for r in rows if r["model"] == name]
+        others = {
+            m: [
+                abs(r[f"{m}_error"])
+                for r in rows
+                if r["model"] == name and r[f"{m}_error"] is not None
+            ]
+            for m in ("stackoverflow", "grappler")
+        }
+        if mine:
+            per_model_better[name] = {
+                m: (statistics.median(mine) < statistics.median(v)) if v else None
+                for m, v in others.items()
+            }
+    console.print(f"memfit better than the baseline (median per model): {per_model_better}")
+    import tensorflow as tf
+
+    result = {
+        "rows": rows,
+        "summary": summary,
+        "better_per_model": per_model_better,
+        "machine": {
+            "platform": platform.platform(),
+            "cpus": os.cpu_count(),
+            "tensorflow": tf.__version__,
+            "allocator": "CPU BFC (TF_CPU_ALLOCATOR_USE_BFC), oneDNN off, 6 GiB cap",
+        },
+        "seconds": time.perf_counter() - started,
+        "command": " ".join(["python -m bench.estimate_accuracy", *(argv or sys.argv[1:])]),
+    }
+    if args.out:
+        with open(args.out, "w") as handle:
+            json.dump(result, handle, indent=2)
+
+
+if __name__ == "__main__":
+    main()

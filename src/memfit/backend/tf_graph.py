@@ -1,0 +1,315 @@
+"""TensorFlow internals for estimating: trace a training step's graph without running it.
+
+`trace_step` traces the model's `train_step` (forward, loss, gradients and the optimizer's
+update, all in one graph) for a batch given as `TensorSpec`s, so no batch tensor is ever made,
+and describes every op in backend-neutral terms for `memfit.estimate`: its outputs' byte sizes,
+which input buffer an output aliases (views such as Reshape, variable reads) or may take over
+(element-wise kernels that call `forward_input_or_allocate_output`), and the scratch memory its
+CPU kernel allocates while it runs (`allocate_temp`).
+
+The kernel facts encoded here are from TensorFlow 2.21's CPU kernels (oneDNN off, as under
+emulation) and were checked against allocator traces (`tf.profiler` `MemoryAllocation` events,
+region `temp`): see `conv_backprop_scratch_bytes`.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from memfit.backend import tf as tfb
+
+# Ops whose output is a view of an input buffer (no allocation): output i aliases input i
+# (or input 0).
+ALIAS_OPS = frozenset(
+    {
+        "Identity",
+        "IdentityN",
+        "Reshape",
+        "Squeeze",
+        "ExpandDims",
+        "StopGradient",
+        "PreventGradient",
+        "Snapshot",
+        "EnsureShape",
+        "Bitcast",
+        "ReadVariableOp",
+    }
+)
+# Kernels that reuse an input buffer for their output when nothing else holds that input
+# (`OpKernelContext::forward_input_or_allocate_output`): element-wise ops and a few more.
+FORWARDING_OPS = frozenset(
+    {
+        "Abs", "Add", "AddN", "AddV2", "BiasAdd", "Cast", "DivNoNan", "Elu", "EluGrad", "Erf",
+        "Exp", "FloorDiv", "Gelu", "GeluGrad", "LeakyRelu", "LeakyReluGrad", "Log", "Maximum",
+        "Minimum", "Mul", "MulNoNan", "Neg", "Pow", "RealDiv", "Reciprocal", "Relu", "Relu6",
+        "Relu6Grad", "ReluGrad", "Rsqrt", "RsqrtGrad", "Select", "SelectV2", "Selu", "SeluGrad",
+        "Sigmoid", "SigmoidGrad", "Sign", "Softplus", "SoftplusGrad", "Sqrt", "SqrtGrad",
+        "Square", "SquaredDifference", "Sub", "Tanh", "TanhGrad", "ClipByValue", "Floor",
+        "Round", "Ceil", "Inv", "InvGrad", "ReciprocalGrad", "Xdivy", "Xlogy", "Softsign",
+        "SoftsignGrad", "Mish",
+    }
+)  # fmt: skip
+# Ops that write a resource variable in place (the optimizer's update).
+ASSIGN_OPS = frozenset(
+    {"AssignVariableOp", "AssignAddVariableOp", "AssignSubVariableOp", "ResourceScatterUpdate"}
+)
+# Kernels that allocate nothing the step keeps (constants live in the kernel, made once).
+NO_ALLOC_OPS = frozenset({"Const", "NoOp", "Placeholder", "VarHandleOp"})
+
+# Conv2DCustomBackprop{Input,Filter} (conv_grad_{input,filter}_ops.cc) size their im2col buffer
+# by an L3 "target working set" of 30 MiB, not by the batch, and Conv2DBackpropInput skips it
+# (one image at a time) when each thread's share of one image's work exceeds the L2 size that
+# Eigen reports. Both constants were checked against allocator traces on this CPU.
+TARGET_WORKING_SET_BYTES = 30 << 20
+DEFAULT_L2_BYTES = 256 << 10
+
+
+@dataclass
+class OpInfo:
+    """One op of the step graph, as the allocator sees it.
+
+    Attributes:
+        name: the op's name (its name scopes say which layer it belongs to).
+        type: the op type (`Conv2D`, `ReadVariableOp`, ...).
+        inputs: names of the tensors it reads (`op:index`).
+        outputs: names of the tensors it makes.
+        output_bytes: bytes of each output (0 where nothing is allocated).
+        control_inputs: ops that must run before it.
+        alias: for each output, the input index whose buffer it shares, or None.
+        forwards: whether its kernel may take over an input buffer for output 0.
+        scratch_bytes: temporary bytes its kernel allocates while it runs.
+        variable: for a variable read or write, the variable's name.
+    """
+
+    name: str
+    type: str
+    inputs: list[str]
+    outputs: list[str]
+    output_bytes: list[int]
+    control_inputs: list[str] = field(default_factory=list)
+    alias: list[int | None] = field(default_factory=list)
+    forwards: bool = False
+    scratch_bytes: int = 0
+    variable: str | None = None
+
+
+@dataclass
+class StepGraph:
+    """A traced training step: its ops in graph order, and what the caller holds.
+
+    Attributes:
+        ops: every op of the step.
+        arguments: tensor names of the batch's inputs and targets (held by the caller).
+        argument_bytes: bytes of each argument.
+        fetches: tensor names the step returns (the logs).
+        variables: name -> (bytes, kind) of each variable, kind one of `weight`,
+            `optimizer`, `other`.
+        variable_layers: variable name -> the layer that owns it.
+        layers: names of the model's layers (for attributing ops).
+        optimizer_name: the optimizer's name scope.
+        inter_op_threads: ops the runtime may run at once.
+    """
+
+    ops: list[OpInfo]
+    arguments: list[str]
+    argument_bytes: list[int]
+    fetches: list[str]
+    variables: dict[str, tuple[int, str]]
+    variable_layers: dict[str, str]
+    layers: set[str]
+    optimizer_name: str
+    inter_op_threads: int
+
+
+def _nbytes(shape: Any, dtype: Any) -> int:
+    if shape.rank is None or dtype.name in ("resource", "variant", "string"):
+        return 0
+    dims = [d if d is not None and d >= 0 else 1 for d in shape.as_list()]
+    try:
+        size = dtype.size
+    except (AttributeError, TypeError, ValueError):
+        return 0
+    return int(math.prod(dims)) * int(size)
+
+
+def _l2_bytes() -> int:
+    value = os.environ.get("MEMFIT_L2_BYTES")
+    return int(value) if value and value.isdigit() else DEFAULT_L2_BYTES
+
+
+def conv_backprop_scratch_bytes(op: Any, intra_threads: int) -> int:
+    """Bytes of the im2col buffer TensorFlow's CPU Conv2D backprop kernels allocate.
+
+    Follows `Conv2DCustomBackpropInputOp` / `Conv2DCustomBackpropFilterOp` (TF 2.21, NHWC):
+    `shard = ceil(30 MiB / itemsize / work_unit)` images of `out_h*out_w x kh*kw*in_depth`,
+    where `work_unit` sums the three matrices of one image's matmul; backprop-input uses one
+    image at a time (shard 1) when the batch is 1 or one thread's share of the work is at
+    least Eigen's L2 size.
+    """
+    if op.type == "Conv2DBackpropInput":
+        input_shape = op.outputs[0].shape
+        filter_shape = op.inputs[1].shape
+    else:
+        input_shape = op.inputs[0].shape
+        filter_shape = op.outputs[0].shape
+    backprop_shape = op.inputs[2].shape
+    if not (
+        input_shape.is_fully_defined()
+        and filter_shape.is_fully_defined()
+        and backprop_shape.is_fully_defined()
+    ):
+        return 0
+    batch, out_h, out_w, _ = backprop_shape.as_list()
+    kh, kw, in_depth, out_depth = filter_shape.as_list()
+    itemsize = op.outputs[0].dtype.size
+    image = out_h * out_w
+    filter_total = kh * kw * in_depth
+    work = image * filter_total + image * out_depth + filter_total * out_depth
+    if work <= 0:
+        return 0
+    shard = -(-(TARGET_WORKING_SET_BYTES // itemsize) // work)
+    if op.type == "Conv2DBackpropInput" and (
+        batch == 1 or work // max(1, intra_threads) >= _l2_bytes() // itemsize
+    ):
+        shard = 1
+    return int(shard * image * filter_total * itemsize)
+
+
+def _intra_threads(tf: Any) -> int:
+    configured = tf.config.threading.get_intra_op_parallelism_threads()
+    return configured or (os.cpu_count() or 1)
+
+
+def _inter_threads(tf: Any) -> int:
+    configured = tf.config.threading.get_inter_op_parallelism_threads()
+    return configured or (os.cpu_count() or 1)
+
+
+def batch_specs(workload: Any, batch_size: int) -> Any:
+    """`TensorSpec`s of a batch of `batch_size` (made from a one-sample batch)."""
+    tf = tfb.import_tf()
+    x, y = workload.batch(1)
+    return tf.nest.map_structure(
+        lambda t: tf.TensorSpec([batch_size, *t.shape[1:]], t.dtype), (x, y)
+    )
+
+
+def trace_step(workload: Any, batch_size: int) -> StepGraph:
+    """Trace the workload's training step at `batch_size` and describe its ops (no run)."""
+    tf = tfb.import_tf()
+    model = workload.model
+    specs = batch_specs(workload, batch_size)
+    function = tf.function(model.train_step, jit_compile=False)
+    concrete = function.get_concrete_function(specs)
+    graph = concrete.graph
+    intra = _intra_threads(tf)
+
+    # Resource placeholders -> variable names.
+    handle_to_var: dict[str, str] = {}
+    variables: dict[str, tuple[int, str]] = {}
+    variable_layers: dict[str, str] = {}
+    kinds: dict[int, str] = {}
+    for var in model.variables:
+        kinds[id(var)] = "weight"
+    for var in getattr(model.optimizer, "variables", []) or []:
+        kinds.setdefault(id(var), "optimizer")
+    for var in workload.state_variables():
+        kinds.setdefault(id(var), "other")
+    by_handle: dict[int, Any] = {}
+    for var in workload.state_variables():
+        inner = getattr(var, "value", var)
+        handle = getattr(inner, "handle", None)
+        if handle is not None:
+            by_handle[id(handle)] = var
+    owners = _variable_owners(model)
+    for external, internal in graph.captures:
+        var = by_handle.get(id(external))
+        if var is None:
+            continue
+        name = getattr(var, "path", None) or var.name
+        handle_to_var[internal.name] = name
+    for var in workload.state_variables():
+        name = getattr(var, "path", None) or var.name
+        nbytes = int(math.prod(var.shape)) * tf.as_dtype(var.dtype).size
+        variables[name] = (nbytes, kinds.get(id(var), "other"))
+        if id(var) in owners:
+            variable_layers[name] = owners[id(var)]
+
+    ops: list[OpInfo] = []
+    for op in graph.get_operations():
+        outputs = [t.name for t in op.outputs]
+        sizes = [_nbytes(t.shape, t.dtype) for t in op.outputs]
+        alias: list[int | None] = [None] * len(outputs)
+        variable = None
+        if op.type in ALIAS_OPS and op.inputs:
+            alias = [min(i, len(op.inputs) - 1) for i in range(len(outputs))]
+        if op.type in NO_ALLOC_OPS:
+            sizes = [0] * len(outputs)
+        if op.type == "ReadVariableOp" or op.type in ASSIGN_OPS:
+            variable = _resolve_handle(op.inputs[0], handle_to_var) if op.inputs else None
+        scratch = 0
+        if op.type in ("Conv2DBackpropInput", "Conv2DBackpropFilter"):
+            scratch = conv_backprop_scratch_bytes(op, intra)
+        ops.append(
+            OpInfo(
+                name=op.name,
+                type=op.type,
+                inputs=[t.name for t in op.inputs],
+                outputs=outputs,
+                output_bytes=sizes,
+                control_inputs=[c.name for c in op.control_inputs],
+                alias=alias,
+                forwards=op.type in FORWARDING_OPS,
+                scratch_bytes=scratch,
+                variable=variable,
+            )
+        )
+    arguments = [t.name for t in graph.inputs if t.dtype != tf.resource]
+    argument_bytes = [_nbytes(graph.get_tensor_by_name(n).shape, graph.get_tensor_by_name(n).dtype)
+                      for n in arguments]
+    fetches = [t.name for t in concrete.outputs]
+    return StepGraph(
+        ops=ops,
+        arguments=arguments,
+        argument_bytes=argument_bytes,
+        fetches=fetches,
+        variables=variables,
+        variable_layers=variable_layers,
+        layers=_layer_names(model),
+        optimizer_name=str(getattr(model.optimizer, "name", "optimizer")),
+        inter_op_threads=_inter_threads(tf),
+    )
+
+
+def _resolve_handle(tensor: Any, handle_to_var: dict[str, str]) -> str | None:
+    seen = 0
+    while tensor.name not in handle_to_var and tensor.op.inputs and seen < 8:
+        tensor = tensor.op.inputs[0]
+        seen += 1
+    return handle_to_var.get(tensor.name)
+
+
+def _layer_names(model: Any) -> set[str]:
+    names: set[str] = set()
+    stack = [model]
+    while stack:
+        layer = stack.pop()
+        for child in getattr(layer, "layers", None) or []:
+            names.add(child.name)
+            stack.append(child)
+    return names
+
+
+def _variable_owners(model: Any) -> dict[int, str]:
+    owners: dict[int, str] = {}
+    stack = [model]
+    while stack:
+        layer = stack.pop()
+        for child in getattr(layer, "layers", None) or []:
+            for var in getattr(child, "weights", []) or []:
+                owners.setdefault(id(var), child.name)
+            stack.append(child)
+    return owners

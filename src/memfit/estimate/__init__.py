@@ -1,0 +1,366 @@
+"""Estimate: predict a training step's peak memory without running it, with a breakdown.
+
+The step's graph is traced (forward, loss, gradients, optimizer update; see
+`memfit.backend.tf_graph`) for a batch described only by its shapes, and replayed through a
+model of TensorFlow's executor and BFC allocator (`memfit.estimate.simulate`,
+`memfit.estimate.bfc`). The predicted quantity is what `memfit.measure` reports as
+`peak_bytes`: the allocator's peak during a training step after one warm-up step, weights,
+optimizer state and the batch included.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from memfit.backend import tf as tfb
+from memfit.budget import Budget, as_budget, emulated_budget
+from memfit.errors import WorkloadError
+from memfit.estimate.simulate import Replay, replay
+from memfit.sizes import format_size
+from memfit.workload import InputShape, Workload
+
+CATEGORIES = (
+    "weights",
+    "optimizer_slots",
+    "other_state",
+    "inputs",
+    "activations",
+    "gradients",
+    "temporaries",
+    "workspace",
+)
+PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
+REMAT_MODES = ("full", "activations", "larger_than", "list_of_layers")
+OPTIMIZERS = ("adam", "sgd")
+
+
+@dataclass
+class Estimate:
+    """The predicted peak memory of one training step, and what makes it up.
+
+    Attributes:
+        batch_size: samples in the step.
+        peak_bytes: predicted allocator peak of the step (weights, optimizer state and the
+            batch included), comparable with `Measurement.peak_bytes`.
+        breakdown: bytes live at the peak by category (`weights`, `optimizer_slots`,
+            `other_state`, `inputs`, `activations` kept for the backward pass, `gradients`,
+            `temporaries`, `workspace` of kernels); sums to `peak_bytes`.
+        per_layer: `[{"layer", "bytes", ...categories}]`, largest first.
+        peak_moment: when the peak happens: `phase` (forward/backward/update), `layer`, `op`.
+        what_ifs: other configurations and their predicted peaks.
+        resident_bytes: predicted bytes in use before the step (weights, optimizer state, batch).
+        budget: the budget compared against, if any.
+        input_shapes: shape of one sample per input.
+    """
+
+    batch_size: int
+    peak_bytes: int
+    breakdown: dict[str, int]
+    per_layer: list[dict[str, Any]] = field(default_factory=list)
+    peak_moment: dict[str, str] = field(default_factory=dict)
+    what_ifs: list[dict[str, Any]] = field(default_factory=list)
+    resident_bytes: int = 0
+    budget: Budget | None = None
+    input_shapes: list[list[int]] = field(default_factory=list)
+    trace_seconds: float = 0.0
+
+    @property
+    def fits(self) -> bool | None:
+        """Whether the predicted peak fits the budget (None without a budget)."""
+        return None if self.budget is None else self.peak_bytes <= self.budget.usable_bytes
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict: sizes in bytes with `_bytes` keys."""
+        return {
+            "batch_size": self.batch_size,
+            "peak_bytes": self.peak_bytes,
+            "resident_bytes": self.resident_bytes,
+            "breakdown": {f"{k}_bytes": v for k, v in self.breakdown.items()},
+            "per_layer": self.per_layer,
+            "peak_moment": self.peak_moment,
+            "what_ifs": self.what_ifs,
+            "budget": self.budget.to_dict() if self.budget else None,
+            "fits": self.fits,
+            "input_shapes": self.input_shapes,
+            "trace_seconds": self.trace_seconds,
+        }
+
+    def __str__(self) -> str:
+        moment = self.peak_moment
+        return (
+            f"batch {self.batch_size}: predicted peak {format_size(self.peak_bytes)} "
+            f"(in the {moment.get('phase', '?')} pass at {moment.get('layer') or moment.get('op')})"
+        )
+
+
+def _summarise(result: Replay) -> tuple[dict[str, int], list[dict[str, Any]]]:
+    breakdown = dict.fromkeys(CATEGORIES, 0)
+    layers: dict[str, dict[str, int]] = defaultdict(lambda: dict.fromkeys(CATEGORIES, 0))
+    for item in result.live:
+        breakdown[item.category] = breakdown.get(item.category, 0) + item.nbytes
+        layers[item.layer or "(other)"][item.category] += item.nbytes
+    per_layer = [
+        {"layer": name, "bytes": sum(parts.values()), **{f"{k}_bytes": v for k, v in parts.items()}}
+        for name, parts in layers.items()
+    ]
+    per_layer.sort(key=lambda row: -row["bytes"])
+    return breakdown, per_layer
+
+
+def estimate_workload(workload: Workload, batch_size: int) -> Estimate:
+    """Estimate a prepared Workload's step at `batch_size` (see `estimate`)."""
+    import time
+
+    from memfit.backend import tf_graph
+
+    _check_batch_size(batch_size)
+    optimizer = workload.model.optimizer
+    if optimizer is not None and not getattr(optimizer, "built", True):
+        optimizer.build(workload.model.trainable_variables)
+    started = time.perf_counter()
+    graph = tf_graph.trace_step(workload, int(batch_size))
+    traced = time.perf_counter() - started
+    result = replay(graph)
+    breakdown, per_layer = _summarise(result)
+    return Estimate(
+        batch_size=int(batch_size),
+        peak_bytes=sum(breakdown.values()),
+        breakdown=breakdown,
+        per_layer=per_layer,
+        peak_moment={
+            "phase": result.peak_phase,
+            "layer": result.peak_layer,
+            "op": result.peak_op,
+            "op_type": result.peak_op_type,
+        },
+        resident_bytes=result.resident_bytes,
+        input_shapes=[list(s) for s in _sample_shapes(workload)],
+        trace_seconds=traced,
+    )
+
+
+def _sample_shapes(workload: Workload) -> list[tuple[int, ...]]:
+    try:
+        return workload.sample_shapes()
+    except WorkloadError:
+        return []
+
+
+def _check_batch_size(batch_size: Any) -> None:
+    from memfit.measure import _check_batch_size as check
+
+    check(batch_size)
+
+
+def estimate(
+    model: Any,
+    batch_size: int,
+    *,
+    input_shape: InputShape | None = None,
+    optimizer: Any = None,
+    loss: Any = None,
+    data: Any = None,
+    budget: Budget | str | int | None = None,
+    precision: str | None = None,
+    remat: str | None = None,
+    classes: int | None = None,
+    what_ifs: bool = False,
+    on_progress: Callable[[str], None] | None = None,
+) -> Estimate:
+    """Predict the peak memory of one training step of `model` at `batch_size`, without running.
+
+    The training step (the model's own `train_step`: forward, loss, gradients and optimizer
+    update) is traced for a batch described by shapes only, and replayed through a model of
+    TensorFlow's executor and BFC allocator; no tensor of the step is ever allocated. The
+    prediction is comparable with `memfit.measure(...).peak_bytes`.
+
+    Args:
+        model: a Keras model, or a MODEL string (`.keras` file, `package.module:factory`,
+            `keras.applications.Name`). Precision, remat and the what-ifs that rebuild the
+            model need a factory or built-in name.
+        batch_size: samples in the step (at least 1).
+        input_shape: one sample's shape, for models with undefined input dimensions.
+        optimizer: optimizer to compile with (default: the model's own, else Adam).
+        loss: loss to compile with (default: the model's own, else chosen from the output).
+        data: a `tf.data.Dataset` of unbatched `(x, y)` samples (for dict targets).
+        budget: a budget to compare against and find the largest batch for.
+        precision: Keras dtype policy to build the model under (`mixed_float16`, ...).
+        remat: `keras.RematScope` mode to build the model under.
+        classes: classes of a built-in model.
+        what_ifs: also predict other batch sizes, the largest batch for the budget, and (for
+            MODEL strings that build the model) mixed precision, remat modes, SGD vs Adam
+            and a smaller input resolution.
+        on_progress: called with a short text at each phase.
+
+    Returns:
+        An `Estimate`.
+
+    Example:
+        ```python
+        est = memfit.estimate("keras.applications.MobileNetV2", 32, input_shape=(128, 128, 3))
+        print(est, est.breakdown)
+        ```
+    """
+    _check_batch_size(batch_size)
+    progress = on_progress or (lambda _text: None)
+    _check_choice("precision", precision, PRECISIONS)
+    _check_choice("remat", remat, REMAT_MODES)
+    rebuild = isinstance(model, str) and not model.endswith((".keras", ".h5"))
+    if (precision or remat) and not rebuild:
+        raise WorkloadError(
+            "precision and remat need the model rebuilt: give a factory "
+            "(package.module:factory) or a built-in name instead of a model object or file"
+        )
+    resolved = as_budget(budget) or emulated_budget()
+
+    def build(
+        precision: str | None = precision,
+        remat: str | None = remat,
+        optimizer: Any = optimizer,
+        input_shape: InputShape | None = input_shape,
+    ) -> Workload:
+        target = model
+        if isinstance(model, str):
+            target = _load(model, input_shape, classes, precision, remat)
+        return Workload(target, optimizer=optimizer, loss=loss, input_shape=input_shape, data=data)
+
+    progress(f"tracing the step at batch {batch_size}")
+    workload = build()
+    result = estimate_workload(workload, int(batch_size))
+    result.budget = resolved
+    if what_ifs:
+        result.what_ifs = _what_ifs(
+            workload, result, build, rebuild, optimizer, input_shape, progress
+        )
+    return result
+
+
+def _check_choice(name: str, value: str | None, choices: Sequence[str]) -> None:
+    if value is not None and value not in choices:
+        raise WorkloadError(f"unknown {name} {value!r}; choose one of {', '.join(choices)}")
+
+
+def _load(
+    spec: str,
+    input_shape: InputShape | None,
+    classes: int | None,
+    precision: str | None,
+    remat: str | None,
+) -> Any:
+    from memfit.models import load_model
+
+    keras = tfb.import_keras()
+    previous = keras.mixed_precision.dtype_policy()
+    if precision:
+        keras.mixed_precision.set_dtype_policy(precision)
+    scope = keras.RematScope(mode=remat) if remat else contextlib.nullcontext()
+    shape = input_shape
+    if shape is not None and len(shape) and isinstance(list(shape)[0], (list, tuple)):
+        shape = list(shape)[0]
+    try:
+        with scope:
+            return load_model(spec, input_shape=shape, classes=classes)
+    finally:
+        keras.mixed_precision.set_dtype_policy(previous)
+
+
+def _what_ifs(
+    workload: Workload,
+    base: Estimate,
+    build: Callable[..., Workload],
+    rebuild: bool,
+    optimizer: Any,
+    input_shape: InputShape | None,
+    progress: Callable[[str], None],
+) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+
+    def row(change: str, est: Estimate | None, error: str | None = None) -> None:
+        entry: dict[str, Any] = {"change": change}
+        if est is not None:
+            entry.update(
+                batch_size=est.batch_size,
+                peak_bytes=est.peak_bytes,
+                saved_bytes=base.peak_bytes - est.peak_bytes,
+                activations_bytes=est.breakdown["activations"],
+                optimizer_slots_bytes=est.breakdown["optimizer_slots"],
+            )
+        if error:
+            entry["error"] = error
+        rows.append(entry)
+
+    batch = base.batch_size
+    sizes = sorted({max(1, batch // 2), batch * 2} - {batch})
+    by_size = {batch: base.peak_bytes}
+    for size in sizes:
+        progress(f"what if: batch {size}")
+        est = estimate_workload(workload, size)
+        by_size[size] = est.peak_bytes
+        row(f"batch size {size}", est)
+    if base.budget is not None:
+        progress("what if: the largest batch for the budget")
+        largest = _largest_batch(workload, base.budget.usable_bytes, by_size)
+        rows.append(
+            {
+                "change": f"largest batch for {base.budget.name}",
+                "batch_size": largest[0],
+                "peak_bytes": largest[1],
+            }
+        )
+    if not rebuild:
+        return rows
+    variants: list[tuple[str, dict[str, Any]]] = [
+        (f"precision {p}", {"precision": p}) for p in PRECISIONS[1:]
+    ]
+    variants += [(f"remat {m}", {"remat": m}) for m in ("larger_than", "activations")]
+    current = str(optimizer or "adam").lower()
+    other = "sgd" if "adam" in current else "adam"
+    variants.append((f"optimizer {other}", {"optimizer": other}))
+    shapes = base.input_shapes
+    if len(shapes) == 1 and len(shapes[0]) == 3 and min(shapes[0][:2]) >= 64:
+        h, w, c = shapes[0]
+        smaller = (h * 3 // 4 // 8 * 8, w * 3 // 4 // 8 * 8, c)
+        variants.append((f"input {smaller[0]}x{smaller[1]}", {"input_shape": smaller}))
+    for change, kwargs in variants:
+        progress(f"what if: {change}")
+        try:
+            est = estimate_workload(build(**kwargs), batch)
+        except Exception as exc:  # noqa: BLE001 - a variant that cannot build is reported
+            row(change, None, f"{type(exc).__name__}: {str(exc)[:200]}")
+            continue
+        row(change, est)
+    return rows
+
+
+def _largest_batch(
+    workload: Workload, limit: int, known: dict[int, int]
+) -> tuple[int | None, int | None]:
+    """Largest batch whose predicted peak fits `limit`: extrapolate, then check by tracing."""
+    sizes = sorted(known)
+    low, high = sizes[0], sizes[-1]
+    slope = (known[high] - known[low]) / max(1, high - low)
+    if known[low] > limit:
+        return None, None
+    guess = high if slope <= 0 else max(1, int(low + (limit - known[low]) / slope))
+    best: tuple[int | None, int | None] = (low, known[low])
+    lo, hi = low, max(guess * 2, low + 1)
+    # Bisect on predicted peaks, starting near the linear guess (few traces).
+    candidate = guess
+    for _ in range(6):
+        peak = known.get(candidate)
+        if peak is None:
+            peak = estimate_workload(workload, candidate).peak_bytes
+            known[candidate] = peak
+        if peak <= limit:
+            best = (candidate, peak) if candidate >= (best[0] or 0) else best
+            lo = candidate
+        else:
+            hi = candidate
+        if hi - lo <= max(1, lo // 32):
+            break
+        candidate = (lo + hi) // 2
+    return best
