@@ -30,9 +30,13 @@ from memfit.errors import DataError
 from memfit.sizes import format_size
 
 DEFAULT_BATCH_SIZE = 8
-# An image with more than this many times the median pixel count is reported as an outlier.
+# An image with at least this many times the median pixel count (twice the resolution) is
+# reported as an outlier.
 OUTLIER_FACTOR = 4.0
 LARGEST = 5
+# A model that takes any size is measured at the largest image's own size up to this many
+# pixels (640 x 640); beyond, at a reference size, scaled by pixel count.
+DIRECT_PIXELS = 640 * 640
 _RESOLUTION_BINS = (256, 512, 1024, 2048, 4096)
 _OBJECT_BINS = (0, 1, 2, 4, 8, 16, 32, 64, 128)
 _LABEL = "image/object/class/label"
@@ -470,7 +474,7 @@ def _outliers(images: list[ImageInfo]) -> list[Problem]:
             "warning",
         )
         for i in images
-        if i.height * i.width > OUTLIER_FACTOR * median
+        if i.height * i.width >= OUTLIER_FACTOR * median
     ]
 
 
@@ -509,7 +513,8 @@ def model_memory(model: Any, largest: ImageInfo, batch_size: int) -> dict[str, A
 
     A model with a fixed input size is measured at that size (the pipeline resizes every image
     to it, so the largest image adds only its decoded size in host memory). A model that takes
-    any size is measured at a reference shape, the largest image's shape with its longer side
+    any size is measured at the largest image's own size when it has at most `DIRECT_PIXELS`
+    pixels; a larger one at a reference shape, the largest image's shape with its longer side
     scaled to 256 (rounded to multiples of 32, or 128 for keras-hub detectors), and the step's
     own bytes (peak minus resident) are scaled by the pixel ratio to the largest image: a
     proportional estimate, since activations grow with pixels and weights do not.
@@ -566,6 +571,14 @@ def _memory_message(m: dict[str, Any]) -> str:
             f"peaks at {format_size(m['peak_bytes'])} on {m['device']} (measured)"
             + (" — out of memory" if m["oom"] else "")
         )
+    if m["mode"] == "measured":
+        return (
+            f"the largest image, {largest} (W x H), makes a training step of batch "
+            f"{m['batch_size']} at that size peak at {format_size(m['peak_bytes'])} on "
+            f"{m['device']} (measured; the model takes any size)"
+            + (" — out of memory" if m["oom"] else "")
+            + f", and {batch} for the decoded float32 batch alone"
+        )
     return (
         f"the largest image, {largest} (W x H), makes a batch of {m['batch_size']} need "
         f"≈ {format_size(m['peak_bytes'])} for a training step at that size (the model takes "
@@ -593,6 +606,9 @@ def _measure_child(spec: str, batch_size: int, height: int, width: int) -> dict[
     detector = hasattr(model, "bounding_box_format")
     if shape and len(shape) == 3 and shape[0] and shape[1]:
         mode, h, w = "fixed", int(shape[0]), int(shape[1])
+    elif height * width <= DIRECT_PIXELS:
+        # Small enough to measure as it is: no scaling, no estimate.
+        mode, h, w = "measured", height, width
     else:
         step = 128 if detector else 32
         scale = 256 / max(height, width)
