@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import sys
 import time
 from dataclasses import dataclass
@@ -35,6 +34,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from bench.machine import describe
 from bench.trials import ROOT, ChildTrials
 
 console = Console(stderr=True)
@@ -265,15 +265,8 @@ def main(argv: list[str] | None = None) -> int:
     methods = ["memfit", *[m for m in chosen if m != "memfit"]]
     started = time.perf_counter()
     report: dict[str, Any] = {"models": {}}
-    from memfit.backend import tf as tfb
 
-    report["machine"] = {
-        "platform": platform.platform(),
-        "cpus": os.cpu_count(),
-        "python": sys.version.split()[0],
-        "allocator": "CPU BFC capped at the budget, oneDNN off (memfit emulation)",
-        **tfb.versions(),
-    }
+    report["machine"] = describe("CPU BFC capped at the budget, oneDNN off (memfit emulation)")
     for name in names:
         report["models"][name] = bench_case(name, CASES[name], methods)
         report["seconds"] = time.perf_counter() - started

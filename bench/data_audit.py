@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -26,6 +25,8 @@ from typing import Any
 
 from rich.console import Console
 from rich.table import Table
+
+from bench.machine import describe
 
 console = Console(stderr=True)
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -51,7 +52,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     count, epochs, repeats = (96, 2, 2) if args.quick else (256, 3, 3)
 
     sys.path.insert(0, ROOT)
-    import tensorflow as tf
 
     import memfit.data
     from examples import data_pipelines as pipelines
@@ -107,21 +107,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "ratio_to_naive": ratios,
         "runs": runs,
         "findings": audits,
-        "machine": {
-            "platform": platform.platform(),
-            "processor": platform.processor(),
-            "cpus": os.cpu_count(),
-            "python": platform.python_version(),
-            "tensorflow": tf.__version__,
-            "allocator": {
-                k: os.environ.get(k)
-                for k in (
-                    "TF_CPU_ALLOCATOR_USE_BFC",
-                    "TF_CPU_BFC_MEM_LIMIT_IN_MB",
-                    "TF_ENABLE_ONEDNN_OPTS",
-                )
-            },
-        },
+        "machine": describe(),
     }
     if args.out:
         with open(args.out, "w") as handle:

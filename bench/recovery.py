@@ -19,7 +19,6 @@ import argparse
 import itertools
 import json
 import os
-import platform
 import statistics
 import sys
 import time
@@ -29,6 +28,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from bench.machine import describe
 from bench.trials import ROOT
 
 console = Console(stderr=True)
@@ -271,16 +271,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", metavar="PATH", help="write the results here as JSON")
     args = parser.parse_args(argv)
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)
-    from memfit.backend import tf as tfb
 
     report: dict[str, Any] = {
-        "machine": {
-            "platform": platform.platform(),
-            "cpus": os.cpu_count(),
-            "python": sys.version.split()[0],
-            "allocator": "CPU BFC capped at the budget, oneDNN off (memfit emulation)",
-            **tfb.versions(),
-        }
+        "machine": describe("CPU BFC capped at the budget, oneDNN off (memfit emulation)")
     }
     started = time.perf_counter()
     if not args.skip_recovery:

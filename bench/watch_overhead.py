@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import sys
 import time
@@ -28,30 +27,15 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from bench.machine import describe
+
 console = Console(stderr=True)
 
 
 def _environment() -> dict[str, Any]:
     from memfit.backend import tf as tfb
 
-    return {
-        "machine": platform.machine(),
-        "processor": platform.processor(),
-        "cpus": os.cpu_count(),
-        "python": platform.python_version(),
-        **tfb.versions(),
-        "device": tfb.default_device(),
-        "allocator": {
-            k: os.environ.get(k)
-            for k in (
-                "TF_CPU_ALLOCATOR_USE_BFC",
-                "TF_CPU_BFC_MEM_LIMIT_IN_MB",
-                "TF_ENABLE_ONEDNN_OPTS",
-                "TF_FORCE_GPU_ALLOW_GROWTH",
-                "MEMFIT_MEMORY",
-            )
-        },
-    }
+    return {**describe(), "device": tfb.default_device()}
 
 
 def run_model(name: str, size: int, batch: int, rounds: int, steps: int) -> dict[str, Any]:
