@@ -190,7 +190,9 @@ class GuardedStep:
                     pending.trace_seconds += time.perf_counter() - started
             saved_metrics = self._step.save_metrics()
             try:
+                self._reset_peak()  # each attempt's own peak: a failed one's is not kept
                 grads = self._step.gradients(data, k)
+                self._gradients_peak = self._peak()
             except Exception as exc:
                 if not tfb.is_oom(exc):
                     raise
@@ -318,7 +320,6 @@ class GuardedStep:
 
     def _reset_peak(self) -> None:
         if self._stats:
-            self._gradients_peak = self._peak()  # the peak so far, before the update's own
             tfb.reset_peak(self._device)
 
     def _peak(self) -> int | None:
