@@ -404,8 +404,10 @@ def _svg_plot(
     def px(v: float) -> float:
         return left + (v - x0) / (x1 - x0) * pw
 
-    def py(v: float) -> float:
-        return top + ph - (ty(min(v, data_max) if v > 0 else v) - y0) / (y1 - y0) * ph
+    def py(v: float, clamp: bool = True) -> float:
+        # Data points above a robust maximum are drawn at it; reference lines never are.
+        v = min(v, data_max) if clamp and v > 0 else v
+        return top + ph - (ty(v) - y0) / (y1 - y0) * ph
 
     out = [
         f"<svg id='plot-{_esc(ident)}' class='plot' xmlns='http://www.w3.org/2000/svg' "
@@ -424,12 +426,11 @@ def _svg_plot(
         out.append(
             f"<text x='{left - 6}' y='{ypix + 4:.1f}' text-anchor='end'>{_esc(label)}</text>"
         )
-    for i in range(6):  # x ticks
-        xv = x0 + i / 5 * (x1 - x0)
-        out.append(
-            f"<text x='{px(xv):.1f}' y='{top + ph + 16}' text-anchor='middle'>"
-            f"{int(round(xv))}</text>"
-        )
+    # x ticks: whole steps, each once (a short run gets one tick a step)
+    span = int(math.ceil(x1 - x0))
+    every = max(1, math.ceil(span / 5))
+    for xv in range(int(math.ceil(x0)), int(math.floor(x1)) + 1, every):
+        out.append(f"<text x='{px(xv):.1f}' y='{top + ph + 16}' text-anchor='middle'>{xv}</text>")
     out.append(f"<text x='{left + pw / 2}' y='{height - 4}' text-anchor='middle'>step</text>")
     out.append(
         f"<text x='14' y='{top + ph / 2}' transform='rotate(-90 14 {top + ph / 2})' "
@@ -442,7 +443,7 @@ def _svg_plot(
             f"<title>{_esc(label)}</title></line>"
         )
     for value, label, color in hlines:
-        ypix = py(value)
+        ypix = py(value, clamp=False)
         out.append(
             f"<line class='hline' x1='{left}' x2='{left + pw}' y1='{ypix:.1f}' "
             f"y2='{ypix:.1f}' stroke='{color}' stroke-dasharray='6 4'/>"
@@ -462,8 +463,13 @@ def _svg_plot(
             f"y2='{top + ph}' stroke='#d62728' stroke-width='2'>"
             f"<title>{_esc(label)} at step {int(xv)}</title></line>"
         )
-        out.append(f"<text x='{px(xv) + 3:.1f}' y='{top + 12}' fill='#d62728'>{_esc(label)}</text>")
-    legend_y = top + 14
+        # Mid-height: clear of budget labels (top) and the legend (bottom).
+        out.append(
+            f"<text x='{px(xv) + 3:.1f}' y='{top + ph / 2:.1f}' fill='#d62728'>{_esc(label)}</text>"
+        )
+    # The legend sits at the bottom of the right margin, clear of the reference lines'
+    # labels, which are mostly budgets near the top.
+    legend_y = top + ph - 16 * len(series) - 40
     for label, color, xs, ys in series:
         pts = _reduce([(xv, yv) for xv, yv in zip(xs, ys, strict=False) if yv is not None])
         if not pts:
