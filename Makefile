@@ -21,12 +21,11 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-# The main job on an embedded default: preflight, then one training step of MobileNetV2
-# (weights=None, 160x160) at batch 1, 4, 16 and 64 under an emulated 1 GiB card.
+# The main job on an embedded default: a keras-hub RetinaNet on generated detection data whose
+# last shard holds twice-the-resolution images, under an emulated card: doctor, data check,
+# estimate vs measure, batch, plan, plain model.fit dying, memfit.fit recovering, the report.
 demo: install
-	$(MEMFIT) doctor --memory 1GiB
-	$(MEMFIT) measure keras.applications.MobileNetV2 --input-shape 160,160,3 \
-		--batch-size 1,4,16,64 --memory 1GiB
+	$(MEMFIT) demo --out memfit-demo
 
 lint: install
 	$(PY) -m ruff check src tests examples bench
