@@ -53,6 +53,8 @@ from memfit.backend import tf as tfb
 from memfit.workload import Workload
 from memfit.measure import measure_workload, _build_optimizer
 tf = tfb.import_tf()
+if {inter}:
+    tf.config.threading.set_inter_op_parallelism_threads({inter})
 name, size, batch, opt = {name!r}, {size}, {batch}, {opt!r}
 model = getattr(keras.applications, name)(weights=None, input_shape=(size, size, 3), classes=10)
 optimizer = keras.optimizers.Adam() if opt == "adam" else keras.optimizers.SGD(momentum=0.9)
@@ -123,6 +125,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--models", nargs="*", help="keras.applications names.")
     parser.add_argument("--size", type=int, help="Image side in pixels.")
     parser.add_argument("--batches", default=None, help="Comma-separated batch sizes.")
+    parser.add_argument(
+        "--inter-op-threads",
+        type=int,
+        default=0,
+        help="TensorFlow inter-op threads in each child (default 0: TensorFlow's default, the "
+        "CPUs in the process's affinity mask, so 1 under `taskset -c 1`).",
+    )
     parser.add_argument("--out", help="Write results as JSON here.")
     args = parser.parse_args(argv)
     models = args.models or (QUICK if args.quick else MODELS)
@@ -134,7 +143,9 @@ def main(argv: list[str] | None = None) -> None:
         for opt in ("adam", "sgd"):
             for batch in batches:
                 console.print(f"{name} {size}px batch {batch} {opt} ...", end=" ")
-                code = CHILD.format(name=name, size=size, batch=batch, opt=opt)
+                code = CHILD.format(
+                    name=name, size=size, batch=batch, opt=opt, inter=args.inter_op_threads
+                )
                 try:
                     r = run_isolated(code, env={"MEMFIT_MEMORY": "6GiB"}, timeout=900)
                 except AssertionError as exc:
@@ -214,6 +225,8 @@ def main(argv: list[str] | None = None) -> None:
             "cpus": os.cpu_count(),
             "tensorflow": tf.__version__,
             "allocator": "CPU BFC (TF_CPU_ALLOCATOR_USE_BFC), oneDNN off, 6 GiB cap",
+            "inter_op_threads": args.inter_op_threads,
+            "affinity_cpus": len(os.sched_getaffinity(0)),
         },
         "seconds": time.perf_counter() - started,
         "command": " ".join(["python -m bench.estimate_accuracy", *(argv or sys.argv[1:])]),

@@ -110,7 +110,8 @@ class StepGraph:
         variable_layers: variable name -> the layer that owns it.
         layers: names of the model's layers (for attributing ops).
         optimizer_name: the optimizer's name scope.
-        inter_op_threads: ops the runtime may run at once.
+        inter_op_threads: ops the runtime may run at once (inter-op threads, at most the
+            CPUs the process may run on).
     """
 
     ops: list[OpInfo]
@@ -178,14 +179,66 @@ def conv_backprop_scratch_bytes(op: Any, intra_threads: int) -> int:
     return int(shard * image * filter_total * itemsize)
 
 
+def schedulable_cpus() -> int:
+    """CPUs this process may run on: TensorFlow's default for both thread pools.
+
+    TensorFlow sizes its inter- and intra-op pools by `port::MaxParallelism()`, which counts
+    the CPUs in the process's affinity mask (`sched_getaffinity`), not all CPUs of the machine:
+    under `taskset -c 1` on a 2-core machine it runs one inter-op thread.
+    """
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
 def _intra_threads(tf: Any) -> int:
     configured = tf.config.threading.get_intra_op_parallelism_threads()
-    return configured or (os.cpu_count() or 1)
+    return configured or schedulable_cpus()
 
 
 def _inter_threads(tf: Any) -> int:
     configured = tf.config.threading.get_inter_op_parallelism_threads()
-    return configured or (os.cpu_count() or 1)
+    return configured or schedulable_cpus()
+
+
+def drop_identity_n(ops: list[OpInfo], fetches: list[str]) -> list[OpInfo]:
+    """Remove `IdentityN` ops as grappler's dependency optimizer does before the step runs.
+
+    Keras passes all gradients through one `IdentityN` before the optimizer's update. In the
+    traced graph that op is a barrier (no variable's update could start before every gradient
+    exists, so every variable's update temporaries would be live at once), but TensorFlow runs
+    the grappler-optimized function, whose `DependencyOptimizer` (`SafeToRemoveIdentity`,
+    `dependency_optimizer.cc`) deletes `IdentityN` nodes that do not feed the function's
+    results and wires each consumer to the matching input: each variable's update starts when
+    its own gradient is ready, during the backward pass, and frees its temporaries early.
+    Allocator traces of ResNet50 show update kernels (`AssignSubVariableOp`) interleaved with
+    backward kernels, which a barrier would rule out.
+    """
+    fetched = set(fetches)
+    renamed: dict[str, str] = {}
+    control: dict[str, list[str]] = {}
+    producer = {name: op.name for op in ops for name in op.outputs}
+    kept: list[OpInfo] = []
+    for op in ops:
+        if (
+            op.type == "IdentityN"
+            and len(op.inputs) == len(op.outputs)
+            and not fetched.intersection(op.outputs)
+        ):
+            renamed.update(zip(op.outputs, op.inputs, strict=True))
+            sources = [producer[t] for t in op.inputs if t in producer]
+            control[op.name] = list(dict.fromkeys([*sources, *op.control_inputs]))
+            continue
+        kept.append(op)
+    if not renamed:
+        return ops
+    for op in kept:
+        op.inputs = [renamed.get(t, t) for t in op.inputs]
+        if any(c in control for c in op.control_inputs):
+            expanded = [x for c in op.control_inputs for x in control.get(c, [c])]
+            op.control_inputs = list(dict.fromkeys(expanded))
+    return kept
 
 
 def batch_specs(workload: Any, batch_size: int) -> Any:
@@ -267,10 +320,13 @@ def trace_step(workload: Any, batch_size: int) -> StepGraph:
                 variable=variable,
             )
         )
-    arguments = [t.name for t in graph.inputs if t.dtype != tf.resource]
-    argument_bytes = [_nbytes(graph.get_tensor_by_name(n).shape, graph.get_tensor_by_name(n).dtype)
-                      for n in arguments]
     fetches = [t.name for t in concrete.outputs]
+    ops = drop_identity_n(ops, fetches)
+    arguments = [t.name for t in graph.inputs if t.dtype != tf.resource]
+    argument_bytes = [
+        _nbytes(graph.get_tensor_by_name(n).shape, graph.get_tensor_by_name(n).dtype)
+        for n in arguments
+    ]
     return StepGraph(
         ops=ops,
         arguments=arguments,
@@ -280,7 +336,8 @@ def trace_step(workload: Any, batch_size: int) -> StepGraph:
         variable_layers=variable_layers,
         layers=_layer_names(model),
         optimizer_name=str(getattr(model.optimizer, "name", "optimizer")),
-        inter_op_threads=_inter_threads(tf),
+        # Ops run at once only on different CPUs: more threads than CPUs interleave.
+        inter_op_threads=min(_inter_threads(tf), schedulable_cpus()),
     )
 
 

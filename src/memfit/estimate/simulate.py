@@ -5,8 +5,18 @@ each op allocates its outputs (rounded up to the BFC allocator's 256-byte granul
 output is a view of an input (Reshape, Identity, variable reads) or the kernel takes over an
 input buffer that nothing else holds (`forward_input_or_allocate_output`); its kernel's scratch
 is held while it runs; a buffer is freed when the last tensor that refers to it has been
-consumed. With several inter-op threads, ops that are ready together run together: the scratch
-of the largest other ready op is counted beside the running one's.
+consumed. When ops can run at once (`StepGraph.inter_op_threads` > 1: several inter-op threads
+and several CPUs to run them on), ops that are ready together run together: the scratch of the
+largest other ready op is counted beside the running one's.
+
+Known limit (allocator traces, ResNet50 96 px batch 2 Adam, one inter-op thread): the same
+step measures 337 MiB in some processes and 425-463 MiB in others (steady within a process).
+TensorFlow's single-thread schedule keeps running the chain it is on and stacks the other
+ready ops (`ExecutorState::ScheduleReady`), and how far each variable's update gets before the
+backward pass ends depends on the thread pool's timing as the step starts; in the high case
+every gradient and its first update temporaries are live at once. The replay predicts the low
+case, which was the more frequent; a replay of the single-thread schedule itself predicted the
+high case and over-predicted the more frequent low case by 40-50%, so it was not kept.
 """
 
 from __future__ import annotations
@@ -234,8 +244,8 @@ def _run(graph: Any, bfc: BFC) -> Replay:
                 # that this one does not depend on (a weight gradient still being computed).
                 beside = {j for j in queued if ops[j].scratch_bytes}
                 beside.update(j for j in recent if not _depends(i, j, preds, position))
-                jobs += sorted((ops[j].scratch_bytes, j) for j in beside)[-(threads - 1):]
-            recent = [*recent[-(threads - 1):], i]
+                jobs += sorted((ops[j].scratch_bytes, j) for j in beside)[-(threads - 1) :]
+            recent = [*recent[-(threads - 1) :], i]
             for nbytes, j in jobs:
                 handle = bfc.allocate(nbytes)
                 scratch.append(handle)
