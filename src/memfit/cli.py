@@ -958,7 +958,7 @@ def _render_estimate(model: str, result: Any, check: dict[str, Any] | None) -> N
     "--memory",
     metavar="SIZE",
     default=None,
-    help="The emulated card (default 1GiB).",
+    help="The emulated card (default 900MiB).",
 )
 @click.option(
     "--out",
