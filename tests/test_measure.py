@@ -89,13 +89,27 @@ def test_measure_restores_rng_batchnorm_and_metrics_state():
         before = state()
         r = memfit.measure(model, 8, repeats=2)
         after = state()
+        # Reading a weight after the restore must not copy it: a sparse restore
+        # (scatter_update) would leave every variable copy-on-read for good.
+        from memfit.backend import tf as tfb
+        big = keras.Sequential([keras.Input((8,)), keras.layers.Dense(2048),
+                                keras.layers.Dense(2048)])
+        big.compile("sgd", "mse")
+        memfit.measure(big, 2, repeats=1)
+        kernel = big.layers[1].kernel.value
+        held = tfb.memory_info("CPU:0")["current"]
+        tfb.reset_peak("CPU:0")
+        read = kernel.read_value()
+        copied = tfb.memory_info("CPU:0")["peak"] - held
         emit({"same": all(np.array_equal(a, b) for a, b in zip(before, after)),
-              "n": len(before), "oom": r.oom, "peak": r.peak_bytes})
+              "n": len(before), "oom": r.oom, "peak": r.peak_bytes, "copied": copied,
+              "kernel_bytes": int(read.shape[0] * read.shape[1] * 4)})
         """,
         env={"MEMFIT_MEMORY": "256MiB"},
     )
     assert out["same"] and out["n"] > 6
     assert out["oom"] is False and out["peak"] > 0
+    assert out["kernel_bytes"] == 16 * 2**20 and out["copied"] < 2**20
 
 
 def test_measure_from_a_dataset_of_samples():
