@@ -233,6 +233,12 @@ def test_clean_runs_have_no_finding(runs: dict, name: str) -> None:
     assert run["steps"] >= 60
     assert run["findings"] == [], run["findings"]
     assert run["summary"]["peak_bytes"] > 0
+    # Watch times its own work: always counted; at its defaults (no TensorBoard folder, whose
+    # writer is traced once per fit) well under a couple of milliseconds a step.
+    own = run["summary"]["watch_seconds"]
+    assert own > 0 and run["summary"]["watch_overhead_fraction"] > 0
+    if name != "clean_mlp":
+        assert own / run["steps"] < 0.002, own
 
 
 @pytest.mark.slow

@@ -69,6 +69,7 @@ class Run:
             "estimate_error_fraction": round((estimate - peak) / peak, 4)
             if estimate and peak
             else None,
+            "watch_overhead_fraction": (self.end or {}).get("watch_overhead_fraction"),
             "findings": len(self.findings),
         }
 
@@ -338,6 +339,13 @@ def _summary_rows(summary: dict[str, Any]) -> list[tuple[str, Any]]:
     if summary["peak_bytes"] and summary["budget_bytes"]:
         rows.append(
             ("peak / budget", f"{100 * summary['peak_bytes'] / summary['budget_bytes']:.1f}%")
+        )
+    if _num(summary.get("watch_overhead_fraction")):
+        rows.append(
+            (
+                "memfit.Watch's own time",
+                f"{100 * summary['watch_overhead_fraction']:.2f}% of step time",
+            )
         )
     rows.append(("findings", summary["findings"]))
     return rows

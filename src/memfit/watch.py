@@ -27,6 +27,7 @@ recoveries, traces and peaks (`train_function.guarded_step`).
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -75,6 +76,20 @@ _LR_FIX = (
 
 # Process-wide: the memory left in use when each fit began (repeated fits / model builds).
 _FIT_STARTS: list[int] = []
+
+
+def _own_time(method: Callable[..., Any]) -> Callable[..., Any]:
+    """Count the time spent in a hook as Watch's own: its overhead on training."""
+
+    @functools.wraps(method)
+    def timed(self: Any, *args: Any, **kwargs: Any) -> Any:
+        started = time.perf_counter()
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            self._add_own(time.perf_counter() - started)
+
+    return timed
 
 
 @dataclass
@@ -283,8 +298,14 @@ class _WatchBase:
         self._begun = False
         self._fallback_begin: float | None = None
         self._console: Any = None
+        self._own_seconds = 0.0
+
+    def _add_own(self, seconds: float) -> None:
+        with self._lock:
+            self._own_seconds += seconds
 
     # -- Keras hooks --------------------------------------------------------------------------
+    @_own_time
     def on_train_begin(self, logs: Any = None) -> None:
         model = self.model
         self._device = tfb.default_device()
@@ -320,16 +341,18 @@ class _WatchBase:
             self._write(self._header(model, spe))
         self._begun = True
         if self.log_dir is not None and self._writer is None:
-            self._writer = tfb.import_tf().summary.create_file_writer(self.log_dir)
+            self._writer = tfb.ScalarWriter(self.log_dir)
         if info is not None:
             self._check_repeated_fits(int(info["current"]))
 
+    @_own_time
     def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
         self._epoch = int(epoch)
         self._epoch_base = self._global
         self._last_end = None
         self._fallback_begin = None
 
+    @_own_time
     def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
         if self._wrapped:
             return
@@ -341,6 +364,7 @@ class _WatchBase:
         if self._stats:
             tfb.reset_peak(self._device)
 
+    @_own_time
     def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
         loss = (logs or {}).get("loss")
         if loss is None:
@@ -375,6 +399,7 @@ class _WatchBase:
             self._losses[step] = loss
             self._check_loss(step, loss, epoch)
 
+    @_own_time
     def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
         if not self._wrapped and self._fallback_begin is not None:
             self._record(time.perf_counter() - self._fallback_begin, None, None)
@@ -390,6 +415,7 @@ class _WatchBase:
         if self._file is not None:
             self._file.flush()
 
+    @_own_time
     def on_train_end(self, logs: Any = None) -> None:
         self._unwrap()
         with self._lock:
@@ -408,6 +434,7 @@ class _WatchBase:
             ready = time.perf_counter()
             if watch._stats:
                 tfb.reset_peak(watch._device)
+            step_started = time.perf_counter()
             try:
                 outputs = original(iter([data]))
             except BaseException as exc:
@@ -419,6 +446,7 @@ class _WatchBase:
             since = watch._last_end if watch._last_end is not None else started
             watch._last_end = ended
             watch._record(ended - since, ready - started, data)
+            watch._add_own(step_started - ready + time.perf_counter() - ended)
             return outputs
 
         train_function.guarded_step = getattr(original, "guarded_step", None)  # type: ignore[attr-defined]
@@ -922,20 +950,25 @@ class _WatchBase:
         with self._lock:
             records = self.steps[self._tb_written :]
             self._tb_written = len(self.steps)
-        with self._writer.as_default():
-            for r in records:
-                step = r["step"]
-                for key in (
-                    "memory_current_bytes",
-                    "memory_peak_bytes",
-                    "step_seconds",
-                    "input_wait_seconds",
-                ):
-                    if r.get(key) is not None:
-                        tfb.write_scalar(f"memfit/{key}", r[key], step)
-                loss = self._losses.get(step)
-                if loss is not None and math.isfinite(loss):
-                    tfb.write_scalar("memfit/loss", loss, step)
+        series: dict[str, tuple[list[int], list[float]]] = {}
+
+        def add(key: str, step: int, value: Any) -> None:
+            if value is not None and math.isfinite(value):
+                steps, values = series.setdefault(f"memfit/{key}", ([], []))
+                steps.append(step)
+                values.append(float(value))
+
+        for r in records:
+            for key in (
+                "memory_current_bytes",
+                "memory_peak_bytes",
+                "step_seconds",
+                "input_wait_seconds",
+            ):
+                add(key, r["step"], r.get(key))
+            add("loss", r["step"], self._losses.get(r["step"]))
+        for tag, (steps, values) in series.items():
+            self._writer.write(tag, steps, values)
         self._writer.flush()
 
     def _close(self) -> None:
@@ -948,16 +981,25 @@ class _WatchBase:
             self._file = None
 
     def summary(self) -> dict[str, Any]:
-        """Totals of the run so far: steps, time, input wait, peak memory, findings."""
+        """Totals of the run so far: steps, time, input wait, peak memory, findings.
+
+        `watch_seconds` is the time spent in Watch's own code (its hooks and the work it adds
+        around each step), and `watch_overhead_fraction` that time as a share of the steps'.
+        """
         with self._lock:
             steps = list(self.steps)
         timed = [s for s in steps[self.warmup_steps :] if s["step_seconds"]] or steps
         total = sum(s["step_seconds"] for s in timed)
         waits = [s["input_wait_seconds"] for s in timed if s["input_wait_seconds"] is not None]
         peaks = [s["memory_peak_bytes"] for s in steps if s["memory_peak_bytes"] is not None]
+        trained = sum(s["step_seconds"] for s in steps)
         return {
             "steps": len(steps),
             "seconds": round(time.perf_counter() - self._started, 3) if self._begun else 0.0,
+            "watch_seconds": round(self._own_seconds, 6),
+            "watch_overhead_fraction": (
+                round(self._own_seconds / trained, 6) if steps and trained else None
+            ),
             "mean_step_seconds": round(total / len(timed), 6) if timed else None,
             "input_wait_fraction": round(sum(waits) / total, 4) if waits and total else None,
             "peak_bytes": max(peaks) if peaks else None,
@@ -991,6 +1033,8 @@ class _WatchBase:
             parts.append(f"input wait {100 * s['input_wait_fraction']:.0f}%")
         if s["peak_bytes"]:
             parts.append(f"peak {format_size(s['peak_bytes'])}")
+        if s["watch_overhead_fraction"] is not None:
+            parts.append(f"watch's own time {100 * s['watch_overhead_fraction']:.2f}%")
         kinds = ", ".join(sorted({f.kind for f in self.findings})) or "none"
         style = "green" if not self.findings else "yellow"
         self._console_().print(
