@@ -45,8 +45,13 @@ def open_measurer(
     micro_batches: int = 1,
     precision: str | None = None,
     remat: str | None = None,
+    saved_data: str | None = None,
 ) -> Callable[..., dict[str, Any]]:
-    """Load a MODEL spec once; return `measure(batch_size, repeats)` for this process."""
+    """Load a MODEL spec once; return `measure(batch_size, repeats)` for this process.
+
+    `saved_data` is a folder written by `tf.data.Dataset.save` (samples a parent process
+    chose), used instead of a `data` spec.
+    """
     import contextlib
 
     from memfit.backend import tf as tfb
@@ -62,6 +67,8 @@ def open_measurer(
         keras.mixed_precision.set_dtype_policy(precision)
     scope = keras.RematScope(mode=remat) if remat else contextlib.nullcontext()
     dataset = load_dataset(data) if data else None
+    if saved_data:
+        dataset = tfb.import_tf().data.Dataset.load(saved_data)
     try:
         with scope:
             model = load_model(spec, input_shape=shape)

@@ -210,6 +210,7 @@ class ChildWorker:
         self._lines: list[str] = []
         self._ooms: list[float] = []
         self._calls = 0
+        self._ready: str | None = None
         self.starts = 0
 
     @property
@@ -217,12 +218,20 @@ class ChildWorker:
         """Resident bytes the child reported after preparing."""
         return self._state.resident
 
-    def _start(self) -> None:
+    def start(self) -> None:
+        """Start the child now, without waiting for it to be ready (it prepares meanwhile)."""
+        if self._proc is not None and self._proc.poll() is None:
+            return
+        self._ready = os.path.join(self._tmp.name, f"ready-{self.starts}.json")
         job = os.path.join(self._tmp.name, "job.json")
-        ready = os.path.join(self._tmp.name, f"ready-{self.starts}.json")
         with open(job, "w") as handle:
             json.dump(
-                {"function": self.function, "kwargs": self.kwargs, "result": ready, "serve": True},
+                {
+                    "function": self.function,
+                    "kwargs": self.kwargs,
+                    "result": self._ready,
+                    "serve": True,
+                },
                 handle,
             )
         self._state = _ChildRun(returncode=0, stderr="")
@@ -238,7 +247,13 @@ class ChildWorker:
         )
         self.starts += 1
         threading.Thread(target=self._read, args=(self._proc,), daemon=True).start()
-        _unwrap(self._wait(ready, oom_since=None))
+
+    def _ensure_ready(self) -> None:
+        if self._proc is None or self._proc.poll() is not None:
+            self.start()
+        if self._ready is not None:
+            ready, self._ready = self._ready, None
+            _unwrap(self._wait(ready, oom_since=None))
 
     def _read(self, proc: subprocess.Popen[str]) -> None:
         assert proc.stderr is not None
@@ -287,8 +302,11 @@ class ChildWorker:
 
     def call(self, **kwargs: Any) -> Any:
         """Run the handler with these arguments in the child (starting it if needed)."""
-        if self._proc is None or self._proc.poll() is not None:
-            self._start()
+        return self.collect(self.submit(**kwargs))
+
+    def submit(self, **kwargs: Any) -> tuple[str, int]:
+        """Send one call to the child and return at once; `collect` waits for its result."""
+        self._ensure_ready()
         assert self._proc is not None and self._proc.stdin is not None
         self._calls += 1
         path = os.path.join(self._tmp.name, f"result-{self._calls}.json")
@@ -296,6 +314,11 @@ class ChildWorker:
         since = len(self._ooms)
         self._proc.stdin.write(json.dumps({"kwargs": kwargs, "result": path}) + "\n")
         self._proc.stdin.flush()
+        return path, since
+
+    def collect(self, ticket: tuple[str, int]) -> Any:
+        """Wait for a submitted call's result (its error raised here, as with `call`)."""
+        path, since = ticket
         return _unwrap(self._wait(path, oom_since=since))
 
     def close(self) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 import tempfile
 import time
 from collections.abc import Callable
@@ -22,10 +23,11 @@ DEFAULT_MAX_BATCH = 65536
 PROBE_BATCH = 4
 # How far short of a long extrapolation's prediction the search aims (see _next_guess).
 FAR_SHORTFALL = 0.08
-# Trials measured with one shared, relaxed trace (see Workload.train_function).
-CALIBRATION_TRIALS = 3
-# After a predicted size fails, the next try is this share below it (then bisection).
-NEAR_MISS = 0.03
+# A calibration trial goes at most this many times further than the largest size measured.
+CALIBRATION_GROWTH = 4
+# An in-process search with a dataset hands its largest samples, at most this many, to the
+# fresh processes of the deciding trials.
+FRESH_SAMPLES = 512
 
 
 @dataclass
@@ -38,6 +40,7 @@ class Trial:
     seconds: float
     predicted_peak_bytes: int | None = None
     fits: bool = False
+    deciding: bool = False
 
 
 @dataclass
@@ -70,6 +73,7 @@ class BatchSearchResult:
     worst_case_samples: bool = False
     largest_sample: dict[str, Any] | None = None
     seconds: float = 0.0
+    decided_in: str = "fresh_processes"
 
     @property
     def headroom_bytes(self) -> int | None:
@@ -97,6 +101,7 @@ class BatchSearchResult:
             "worst_case_samples": self.worst_case_samples,
             "largest_sample": self.largest_sample,
             "trials": [asdict(t) for t in self.trials],
+            "decided_in": self.decided_in,
             "search_seconds": self.seconds,
         }
 
@@ -213,7 +218,14 @@ def find_batch_size(
 
 
 class _TrialRunner:
-    """Measures one batch size, in this process or in a child, with one warm-up + one step."""
+    """Measures batch sizes: calibration trials in one place, deciding trials in fresh processes.
+
+    Calibration trials run with one warm-up + one step on a shared, relaxed trace, in this
+    process or (isolated) in one child that is replaced after an OOM. Deciding trials each run
+    in a fresh child process that was started ahead (TensorFlow imported, model loaded, while
+    the calibration ran) and is closed after its one trial; two run side by side. When the
+    model cannot travel to a child (it cannot be saved), deciding trials run in this process.
+    """
 
     def __init__(
         self,
@@ -226,93 +238,204 @@ class _TrialRunner:
         isolated: bool,
         worst_case: bool,
     ) -> None:
+        from memfit.isolate import ChildWorker, _shapes, check_child_arguments, save_for_child
+
         self.isolated = isolated
         self.budget = budget
         self.worst_case = worst_case
-        self._tmp: tempfile.TemporaryDirectory[str] | None = None
+        self._tmp = tempfile.TemporaryDirectory(prefix="memfit-search-")
         self.dataset_size: int | None = None
         self.largest_sample: dict[str, Any] | None = None
         self.resident_bytes: int | None = None
+        self.worker: ChildWorker | None = None
+        self.fresh: _FreshWorkers | None = None
+        self.fresh_note: str | None = None
+        shapes = [list(s) for s in _shapes(input_shape)] if input_shape else None
         if isolated:
-            from memfit.isolate import save_for_child
-
-            if isinstance(model, str):
-                self.model_spec = model
-            else:
-                self._tmp = tempfile.TemporaryDirectory(prefix="memfit-search-")
-                self.model_spec = save_for_child(model, self._tmp.name)
-            from memfit.isolate import ChildWorker, _shapes, check_child_arguments
-
+            model_spec = model if isinstance(model, str) else save_for_child(model, self._tmp.name)
             check_child_arguments(optimizer, loss, data)
-            # One child loads the model once and measures size after size; after an OOM it
-            # is replaced, so the next trial starts on a fresh allocator.
-            self.worker = ChildWorker(
-                "memfit._child:open_measurer",
-                {
-                    "spec": self.model_spec,
-                    "data": data,
-                    "input_shape": [list(s) for s in _shapes(input_shape)] if input_shape else None,
-                    "optimizer": optimizer,
-                    "loss": loss,
-                    "worst_case": worst_case,
-                },
-                budget=budget,
-            )
+            child_kwargs = {
+                "spec": model_spec,
+                "data": data,
+                "input_shape": shapes,
+                "optimizer": optimizer,
+                "loss": loss,
+                "worst_case": worst_case,
+            }
+            # One child loads the model once and measures the calibration sizes; after an OOM
+            # it is replaced, so the next trial starts on a fresh allocator.
+            self.worker = ChildWorker("memfit._child:open_measurer", child_kwargs, budget=budget)
+            self.worker.start()
+            self.fresh = _FreshWorkers(child_kwargs, budget)
             if data is not None:
                 self.dataset_size = _child_dataset_size(data)
-        else:
-            if isinstance(model, str):
-                raise WorkloadError(
-                    "find_batch_size() takes a keras.Model in this process; pass isolated=True "
-                    "to search a MODEL string"
-                )
-            self.workload = Workload(
-                model,
-                optimizer=optimizer,
-                loss=loss,
-                input_shape=input_shape,
-                data=data,
-                worst_case=worst_case,
+            return
+        if isinstance(model, str):
+            raise WorkloadError(
+                "find_batch_size() takes a keras.Model in this process; pass isolated=True "
+                "to search a MODEL string"
             )
-            self.device = tfb.default_device()
-            if data is not None:
-                self.dataset_size = len(self.workload.ranked_samples())
-                self.largest_sample = self.workload.largest_sample()
+        self.workload = Workload(
+            model,
+            optimizer=optimizer,
+            loss=loss,
+            input_shape=input_shape,
+            data=data,
+            worst_case=worst_case,
+        )
+        self.device = tfb.default_device()
+        if data is not None:
+            self.dataset_size = len(self.workload.ranked_samples())
+            self.largest_sample = self.workload.largest_sample()
+        self.fresh = self._fresh_for_model(model, shapes)
 
-    def __call__(self, batch_size: int, exact: bool = True) -> Measurement:
-        if self.isolated:
-            from memfit.isolate import measurement_from_child
+    def _fresh_for_model(self, model: Any, shapes: Any) -> _FreshWorkers | None:
+        """Fresh children for the deciding trials of an in-process search, if the model travels."""
+        from memfit.isolate import save_for_child
 
-            if exact:
-                # A deciding trial gets a fresh process: the allocator state that earlier sizes
-                # left behind moves a peak by several percent (a step that fits a fresh
-                # process can fail after others ran, measured on MobileNetV2).
-                self.worker.close()
-            try:
-                result = self.worker.call(batch_size=int(batch_size), repeats=1, exact=exact)
-            except MemfitError:
-                self.worker.close()
-                raise
-            measurement = measurement_from_child(result, int(batch_size), self.budget)
-            if measurement.oom:
-                self.worker.close()
-            if self.resident_bytes is None and self.worker.resident is not None:
-                self.resident_bytes = self.worker.resident
-            return measurement
-        return measure_workload(
-            self.workload,
-            batch_size,
-            repeats=1,
-            device=self.device,
-            budget=self.budget,
-            exact=exact,
+        try:
+            spec = save_for_child(model, self._tmp.name)
+        except MemfitError as exc:
+            self.fresh_note = f"decided in this process: {exc}"
+            return None
+        saved_data = None
+        if self.workload.data is not None:
+            saved_data = os.path.join(self._tmp.name, "samples")
+            self._save_largest_samples(saved_data)
+        # The saved model carries its compiled optimizer and loss.
+        return _FreshWorkers(
+            {
+                "spec": spec,
+                "data": None,
+                "saved_data": saved_data,
+                "input_shape": shapes,
+                "optimizer": None,
+                "loss": None,
+                "worst_case": self.worst_case,
+            },
+            self.budget,
         )
 
+    def _save_largest_samples(self, path: str) -> None:
+        """The dataset's largest samples, largest first, for the children (`Dataset.save`)."""
+        tf = tfb.import_tf()
+        dataset = self.workload.data
+        keep = self.workload.ranked_samples()[:FRESH_SAMPLES]
+        wanted = set(keep)
+        chosen: dict[int, Any] = {}
+        for index, sample in enumerate(dataset):
+            if index in wanted:
+                chosen[index] = sample
+        if not self.worst_case:
+            keep = sorted(keep)
+        ordered = tf.data.Dataset.from_generator(
+            lambda: (chosen[i] for i in keep), output_signature=dataset.element_spec
+        )
+        ordered.save(path)
+
+    def calibrate(self, batch_size: int) -> Measurement:
+        """A calibration trial: the shared relaxed trace, in this process or the one child."""
+        if self.worker is None:
+            return measure_workload(
+                self.workload,
+                batch_size,
+                repeats=1,
+                device=self.device,
+                budget=self.budget,
+                exact=False,
+            )
+        from memfit.isolate import measurement_from_child
+
+        try:
+            result = self.worker.call(batch_size=int(batch_size), repeats=1, exact=False)
+        except MemfitError:
+            self.worker.close()
+            raise
+        measurement = measurement_from_child(result, int(batch_size), self.budget)
+        if measurement.oom:
+            self.worker.close()
+        if self.resident_bytes is None and self.worker.resident is not None:
+            self.resident_bytes = self.worker.resident
+        return measurement
+
+    def warm(self) -> None:
+        """Start the deciding trials' processes now (they get ready while calibration runs)."""
+        if self.fresh is not None:
+            self.fresh.warm()
+
+    def end_calibration(self) -> None:
+        """Free the calibration child (its CPU and memory go to the deciding trials)."""
+        if self.worker is not None:
+            self.worker.close()
+
+    def decide(self, sizes: list[int]) -> list[tuple[Measurement, float]]:
+        """Deciding trials: each size traced exactly in a fresh process, side by side."""
+        if self.fresh is not None:
+            return self.fresh.measure(sizes)
+        results = []
+        for size in sizes:
+            start = time.perf_counter()
+            m = measure_workload(
+                self.workload, size, repeats=1, device=self.device, budget=self.budget
+            )
+            results.append((m, time.perf_counter() - start))
+        return results
+
     def close(self) -> None:
-        if self.isolated:
+        if self.worker is not None:
             self.worker.shutdown()
-        if self._tmp is not None:
-            self._tmp.cleanup()
+        if self.fresh is not None:
+            self.fresh.shutdown()
+        self._tmp.cleanup()
+
+
+class _FreshWorkers:
+    """Child processes started ahead of need, each used for one deciding trial, then closed.
+
+    A deciding trial's cost is mostly start-up (importing TensorFlow, building the model),
+    which these children pay while the calibration runs; two trials then run side by side
+    (tracing is single-threaded Python and TensorFlow's 10 s wait before an OOM is raised is
+    idle time, so two overlap well even on two cores).
+    """
+
+    def __init__(self, kwargs: dict[str, Any], budget: Budget, count: int = 2) -> None:
+        self.kwargs, self.budget, self.count = kwargs, budget, count
+        self.spare: list[Any] = []
+
+    def warm(self) -> None:
+        from memfit.isolate import ChildWorker
+
+        while len(self.spare) < self.count:
+            worker = ChildWorker("memfit._child:open_measurer", self.kwargs, budget=self.budget)
+            worker.start()
+            self.spare.append(worker)
+
+    def measure(self, sizes: list[int]) -> list[tuple[Measurement, float]]:
+        from memfit.isolate import measurement_from_child
+
+        self.count = max(self.count, len(sizes))
+        self.warm()
+        workers = [self.spare.pop(0) for _ in sizes]
+        try:
+            started = time.perf_counter()
+            tickets = [
+                w.submit(batch_size=int(s), repeats=1, exact=True)
+                for w, s in zip(workers, sizes, strict=True)
+            ]
+            results = []
+            for worker, ticket, size in zip(workers, tickets, sizes, strict=True):
+                raw = worker.collect(ticket)
+                m = measurement_from_child(raw, int(size), self.budget)
+                results.append((m, time.perf_counter() - started))
+        finally:
+            for worker in workers:
+                worker.shutdown()
+        return results
+
+    def shutdown(self) -> None:
+        for worker in self.spare:
+            worker.shutdown()
+        self.spare = []
 
 
 def _child_dataset_size(spec: str) -> int:
@@ -341,54 +464,149 @@ def _search(
         limit_bytes=limit,
         worst_case_samples=run.worst_case,
         largest_sample=run.largest_sample,
+        decided_in="this_process" if run.fresh is None else "fresh_processes",
     )
-    peaks: dict[int, int] = {}  # fitting sizes -> measured peak
+    peaks: dict[int, int] = {}  # calibration sizes that fit -> measured peak (relaxed trace)
 
-    def trial(size: int, predicted: int | None) -> bool:
-        start = time.perf_counter()
-        # The probes and the first prediction only calibrate: one process, one trace shared
-        # by all sizes. The sizes that decide the answer are traced exactly, as memfit.fit will
-        # run them, each in a fresh process when isolated.
-        exact = len(result.trials) >= CALIBRATION_TRIALS
-        m = run(size, exact=exact)
+    def record(
+        size: int, m: Measurement, predicted: int | None, seconds: float, fresh: bool
+    ) -> bool:
         ok = not m.oom and m.peak_bytes is not None and m.peak_bytes <= limit
-        t = Trial(size, m.oom, m.peak_bytes, time.perf_counter() - start, predicted, ok)
+        t = Trial(size, m.oom, m.peak_bytes, seconds, predicted, ok, deciding=fresh)
         result.trials.append(t)
         if run.resident_bytes is None:
             run.resident_bytes = m.resident_bytes
         if on_trial is not None:
             on_trial(t)
+        return ok
+
+    def calibrate(size: int, predicted: int | None) -> bool:
+        start = time.perf_counter()
+        m = run.calibrate(size)
+        ok = record(size, m, predicted, time.perf_counter() - start, False)
         if ok:
             peaks[size] = int(m.peak_bytes)  # type: ignore[arg-type]
         return ok
 
-    if not trial(1, None):
+    # Calibration: batch 1, a probe a few samples away (batch 2's peak differs from batch 1's
+    # by little more than the allocator's jitter), then a size a little short of the limit the
+    # two predict, so that the slope spans nearly the whole range.
+    if not calibrate(1, None):
         result.stopped_by = "nothing_fits"
         result.failing_batch_size = 1
         result.peak_bytes = result.trials[0].peak_bytes
         _explain_if_weights_alone_exceed(run, budget)
         return result
-    lo, hi = 1, None  # largest fitting, smallest failing
+    # The deciding trials' processes start now: ready by the time calibration ends, without
+    # slowing batch 1 (its trace is the longest calibration step).
+    run.warm()
+    lo, hi = 1, None  # calibration: largest fitting, smallest failing
     if cap >= 2:
-        # A second probe a few samples away: batch 2's peak differs from batch 1's by little
-        # more than the allocator's jitter, which would make the first prediction a guess.
         probe = min(cap, PROBE_BATCH)
-        if trial(probe, None):
+        if calibrate(probe, None):
             lo = probe
         else:
             hi = probe
-    while lo < cap and (hi is None or hi - lo > max(1, math.floor(margin * lo))):
+    # Then towards the predicted limit, at most CALIBRATION_GROWTH times further each time
+    # (peaks are not linear in the batch: a long extrapolation can be far off), until the
+    # limit is predicted within reach of what was measured.
+    while lo < cap and hi is None:
         guess, predicted = _next_guess(peaks, lo, hi, cap, limit, result.trials)
-        if trial(guess, predicted):
+        if predicted is not None and guess <= lo + max(1, lo // 2):
+            break  # close enough: the deciding trials take it from here
+        if calibrate(guess, predicted):
             lo = guess
         else:
             hi = guess
-    result.batch_size = lo
-    result.peak_bytes = peaks[lo]
-    result.failing_batch_size = hi
-    if hi is None or lo >= cap:
-        result.stopped_by = capped_by if lo >= cap else "bracket"
+    run.end_calibration()
+
+    # Deciding: every size the answer rests on is traced exactly (the graph memfit.fit runs)
+    # and measured in a fresh process, two sizes at a time, until a fitting size and a failing
+    # one are next to each other (or within the margin).
+    fits: dict[int, int] = {}  # deciding sizes that fit -> measured peak
+    fails: set[int] = set()
+    misses = 0
+    while True:
+        hi_x = min(fails, default=None)
+        # A size that failed below one that fitted: the allocator's jitter; trust the failure.
+        lo_x = max((s for s in fits if hi_x is None or s < hi_x), default=0)
+        if hi_x == 1:
+            result.stopped_by = "nothing_fits"
+            result.failing_batch_size = 1
+            result.peak_bytes = next(t.peak_bytes for t in result.trials if t.deciding)
+            return result
+        if lo_x >= cap:
+            result.stopped_by = capped_by
+            break
+        if hi_x is not None and lo_x and hi_x - lo_x <= max(1, math.floor(margin * lo_x)):
+            break
+        sizes, predicted = _deciding_sizes(peaks, fits, lo_x, hi_x, lo, hi, cap, limit, misses)
+        for size, (m, seconds) in zip(sizes, run.decide(sizes), strict=True):
+            predicted_peak = predicted(size)
+            if record(size, m, predicted_peak, seconds, True):
+                fits[size] = int(m.peak_bytes)  # type: ignore[arg-type]
+            else:
+                fails.add(size)
+        misses += 1
+    result.batch_size = lo_x
+    result.peak_bytes = fits[lo_x]
+    result.failing_batch_size = hi_x
     return result
+
+
+def _deciding_sizes(
+    peaks: dict[int, int],
+    fits: dict[int, int],
+    lo_x: int,
+    hi_x: int | None,
+    lo: int,
+    hi: int | None,
+    cap: int,
+    limit: int,
+    misses: int,
+) -> tuple[list[int], Callable[[int], int | None]]:
+    """The next deciding sizes: the predicted limit and the size above it, first.
+
+    The slope comes from the deciding trials once two that fitted are far enough apart, else
+    from the calibration; it is anchored at the largest size that fitted in a deciding trial
+    (an exact trace peaks a little below the shared relaxed one), else at the largest
+    calibration size. Once a prediction has missed, the two sizes split what is left of the
+    bracket in three (or are the last two candidates).
+    """
+    lower = lo_x + 1
+    upper = min(cap, hi_x - 1) if hi_x is not None else cap
+    exact_slope = _slope(fits)
+    slope = exact_slope if len(fits) >= 2 and exact_slope > 0 else _slope(peaks)
+    sizes = sorted(peaks)
+    if fits and lo_x:
+        anchor, anchor_peak = lo_x, fits[lo_x]
+    else:
+        anchor, anchor_peak = sizes[-1], peaks[sizes[-1]]
+
+    def predicted(size: int) -> int | None:
+        return int(anchor_peak + slope * (size - anchor)) if slope > 0 else None
+
+    # A calibration size that fitted but is not decided yet still counts as a likely floor.
+    floor_ = lo if lower <= lo <= upper else lower
+    if hi_x is not None and misses > 0:
+        if upper - floor_ < 2:
+            return list(range(floor_, upper + 1)), predicted
+        third = (upper - floor_) // 3
+        return [floor_ + third, floor_ + 2 * third + 1], predicted
+    guess: int | None = None
+    if slope > 0:
+        guess = anchor + math.floor((limit - anchor_peak) / slope)
+        if hi is not None and lo_x < hi - 1:
+            guess = min(guess, hi - 1)  # the calibration saw `hi` fail (relaxed: likely)
+    if guess is None:
+        base = max(lo_x, lo)
+        guess = base * 2 if hi_x is None else (base + hi_x) // 2
+    guess = max(lower, min(guess, upper))
+    if guess + 1 <= upper:
+        return [guess, guess + 1], predicted
+    if guess - 1 >= lower:
+        return [guess - 1, guess], predicted
+    return [guess], predicted
 
 
 def _next_guess(
@@ -401,41 +619,35 @@ def _next_guess(
     sizes = sorted(peaks)
     predicted_peak: int | None = None
     guess: int | None = None
-    slope = 0.0
-    if len(sizes) >= 2:
-        a, b = sizes[0], sizes[-1]
-        slope = (peaks[b] - peaks[a]) / (b - a)
-        if slope > 0:
-            reach = (limit - peaks[b]) / slope
-            if reach > b:
-                # Far beyond what was measured, the allocator's jitter at small sizes is
-                # multiplied: aim a little short, so the trial fits and gives the slope over
-                # the whole range (an OOM here would teach nothing about the slope).
-                reach *= 1 - FAR_SHORTFALL
-            # At or past the limit already: confirm with the next size up.
-            guess = max(lo + 1, b + math.floor(reach))
-    tried = {t.batch_size for t in trials}
-    if guess is None or guess in tried or (hi is not None and guess >= hi):
-        last = trials[-1] if trials else None
-        before = trials[-2] if len(trials) >= 2 else None
-        if (
-            hi is not None
-            and last is not None
-            and last.batch_size == hi
-            and last.predicted_peak_bytes is not None
-            and (before is None or before.fits)
-            and hi - lo > 2
-        ):
-            # A predicted size just overshot: the limit is most likely just below it. Once;
-            # a second failure in a row bisects.
-            guess = hi - max(1, math.floor(NEAR_MISS * hi))
-        else:
-            # Prediction unusable (flat or falling peaks) or stalled: double, or bisect.
-            guess = lo * 2 if hi is None else (lo + hi) // 2
+    slope = _slope(peaks)
+    if slope > 0:
+        b = sizes[-1]
+        reach = (limit - peaks[b]) / slope
+        if reach > 0:
+            # Aim a little short: the trial then fits and gives the slope over the whole
+            # range (an OOM here would teach nothing about the slope).
+            reach *= 1 - FAR_SHORTFALL
+        guess = max(lo + 1, min(b + math.floor(reach), CALIBRATION_GROWTH * b))
+    if guess is None or (hi is not None and guess >= hi):
+        # Prediction unusable (flat or falling peaks): double, or bisect.
+        guess = lo * 2 if hi is None else (lo + hi) // 2
     guess = max(lo + 1, min(guess, upper))
     if slope > 0:
         predicted_peak = int(peaks[sizes[-1]] + slope * (guess - sizes[-1]))
     return guess, predicted_peak
+
+
+def _slope(peaks: dict[int, int]) -> float:
+    """Bytes per sample: between the two largest fitting sizes when far enough apart (they
+    follow any curvature; the allocator's jitter of a few MiB barely moves it), else between
+    the smallest and the largest."""
+    sizes = sorted(peaks)
+    if len(sizes) < 2:
+        return 0.0
+    a, b = sizes[-2], sizes[-1]
+    if b - a < max(3, b // 4):
+        a = sizes[0]
+    return (peaks[b] - peaks[a]) / (b - a)
 
 
 def _explain_if_weights_alone_exceed(run: _TrialRunner, budget: Budget) -> None:
