@@ -1,22 +1,24 @@
 """Replay a traced training step through a model of TensorFlow's allocator, without running it.
 
-The replay follows TensorFlow's executor: ops run in ready-queue (first in, first out) order;
-each op allocates its outputs (rounded up to the BFC allocator's 256-byte granules) unless an
-output is a view of an input (Reshape, Identity, variable reads) or the kernel takes over an
-input buffer that nothing else holds (`forward_input_or_allocate_output`); its kernel's scratch
-is held while it runs; a buffer is freed when the last tensor that refers to it has been
-consumed. When ops can run at once (`StepGraph.inter_op_threads` > 1: several inter-op threads
-and several CPUs to run them on), ops that are ready together run together: the scratch of the
-largest other ready op is counted beside the running one's.
+The replay follows TensorFlow's executor. With one inter-op thread (what memfit measures and
+predicts by default, see `memfit.backend.tf_graph.trace_step`) ops run in the order of
+`single_thread_order`, the executor's own policy: depth first along one chain, other ready
+branches waiting on a stack. With several inter-op threads on several CPUs, ops run in
+ready-queue (first in, first out) order, and ops that are ready together run together: the
+scratch of the largest other ready op is counted beside the running one's. Each op allocates
+its outputs (rounded up to the BFC allocator's 256-byte granules) unless an output is a view of
+an input (Reshape, Identity, variable reads) or the kernel takes over an input buffer that
+nothing else holds (`forward_input_or_allocate_output`); its kernel's scratch is held while it
+runs; a buffer is freed when the last tensor that refers to it has been consumed.
 
-Known limit (allocator traces, ResNet50 96 px batch 2 Adam, one inter-op thread): the same
-step measures 337 MiB in some processes and 425-463 MiB in others (steady within a process).
-TensorFlow's single-thread schedule keeps running the chain it is on and stacks the other
-ready ops (`ExecutorState::ScheduleReady`), and how far each variable's update gets before the
-backward pass ends depends on the thread pool's timing as the step starts; in the high case
-every gradient and its first update temporaries are live at once. The replay predicts the low
-case, which was the more frequent; a replay of the single-thread schedule itself predicted the
-high case and over-predicted the more frequent low case by 40-50%, so it was not kept.
+Known limit: the measured peak itself is not one number across processes. With one inter-op
+thread, ResNet50 96 px batch 2 Adam measured 337 MiB in most fresh `tf.function`s and 345-375
+or 420-475 MiB in some (each steady over its steps; grappler's output graph was identical,
+byte for byte, in every case): which ready successor the executor continues inline follows
+the order of the op's out-edges, and an `EdgeSet` with more than four edges iterates by
+address, which changes from one instantiation to the next. The replay predicts the usual
+(low) order; `memfit.measure` reports the spread of its repeats, and the accuracy benchmark
+the spread across processes.
 """
 
 from __future__ import annotations
@@ -29,6 +31,13 @@ from typing import Any
 from memfit.estimate.bfc import BFC
 
 GRANULE = 256
+# Kernels whose `IsExpensive()` is false: the executor runs them inline, never via the pool.
+INEXPENSIVE_OPS = frozenset(
+    {
+        "Const", "Placeholder", "NoOp", "Identity", "IdentityN", "Shape", "ShapeN", "Rank",
+        "Size", "Reshape", "Squeeze", "ExpandDims", "VarHandleOp", "StopGradient",
+    }
+)  # fmt: skip
 PHASES = ("forward", "backward", "update")
 
 
@@ -195,8 +204,13 @@ def _run(graph: Any, bfc: BFC) -> Replay:
     indegree = [len(p) for p in preds]
     recent: list[int] = []
     position: dict[int, int] = {}
-    ready = deque(i for i in range(len(ops)) if indegree[i] == 0)
-    queued = set(ready)
+    if threads == 1:
+        cheap = [op.type in INEXPENSIVE_OPS for op in ops]
+        ready = deque(single_thread_order(preds, [s[::-1] for s in succs], cheap))
+        indegree = [0] * len(ops)  # the order is fixed: nothing is added below
+    else:
+        ready = deque(i for i in range(len(ops)) if indegree[i] == 0)
+    queued = set(ready) if threads > 1 else set()
     while ready:
         i = ready.popleft()
         queued.discard(i)
@@ -264,6 +278,8 @@ def _run(graph: Any, bfc: BFC) -> Replay:
         for name in op.outputs:
             if name not in consumers and name not in fetched:
                 release(name)
+        if threads == 1:
+            continue
         for j in succs[i]:
             indegree[j] -= 1
             if indegree[j] == 0:
@@ -284,6 +300,80 @@ def _run(graph: Any, bfc: BFC) -> Replay:
         elif item.category in ("backward", "update"):
             item.category = "temporaries"
     return result
+
+
+def single_thread_order(
+    preds: list[set[int]], succs: list[list[int]], cheap: list[bool]
+) -> list[int]:
+    """The order TensorFlow's executor runs a graph in with one inter-op thread.
+
+    Follows `ExecutorState::Process` / `ScheduleReady` (executor.cc, TF 2.21): a worker runs
+    an "inline" queue first in, first out; when an op finishes, its newly ready successors
+    that are inexpensive (`OpKernel::IsExpensive()` false: constants, arguments, shape
+    and view ops) join the inline queue; of the expensive ones, the last stays inline if
+    the queue is empty, and every other is handed to the thread pool, whose single worker
+    takes its own tasks last in, first out once the inline queue runs dry. So the step runs
+    depth first along one chain while the other ready branches wait on a stack: an
+    optimizer update whose gradient is ready waits until the backward chain in progress
+    ends.
+
+    Which of several ready successors stays inline follows the order of TensorFlow's
+    out-edges, which the traced graph does not show (grappler rebuilds the graph, and an
+    op's `EdgeSet` with more than four edges iterates by address). Executor traces
+    (`TF_CPP_VMODULE=executor=1`) of MobileNetV2 and ResNet50 steps show the later-made
+    consumer handed to the pool: a convolution's input gradient continues inline and its
+    weight gradient (with that weight's update) waits; `replay` passes successors in
+    reverse graph order to match.
+
+    Args:
+        preds: each op's predecessors (data and control).
+        succs: each op's successors, in the order the executor sees them.
+        cheap: whether each op's kernel is inexpensive.
+
+    Returns:
+        Op indices in execution order.
+
+    Example:
+        >>> single_thread_order([set(), {0}, {0}], [[1, 2], [], []], [True, False, False])
+        [0, 2, 1]
+    """
+    indegree = [len(p) for p in preds]
+    stack: list[int] = []
+    inline: deque[int] = deque()
+    order: list[int] = []
+
+    def schedule(ready: list[int]) -> None:
+        current = None
+        dispatched = []
+        for op in ready:
+            if cheap[op]:
+                inline.append(op)
+                continue
+            if current is not None:
+                dispatched.append(current)
+            current = op
+        if current is not None:
+            if inline:
+                dispatched.append(current)
+            else:
+                inline.append(current)
+        stack.extend(dispatched)
+
+    schedule([i for i, count in enumerate(indegree) if count == 0])
+    while True:
+        while inline:
+            op = inline.popleft()
+            order.append(op)
+            ready = []
+            for succ in succs[op]:
+                indegree[succ] -= 1
+                if indegree[succ] == 0:
+                    ready.append(succ)
+            if ready:
+                schedule(ready)
+        if not stack:
+            return order
+        inline.append(stack.pop())
 
 
 def _depends(op: int, other: int, preds: list[set[int]], position: dict[int, int]) -> bool:
