@@ -12,8 +12,16 @@ ways:
   (tensorflow/python/grappler/cluster.py, a virtual CPU cluster), plus the measured resident
   bytes (weights, optimizer state) that its graph does not hold.
 
+Conditions (what the estimate predicts): TensorFlow's thread pools are pinned in every child
+before it initialises, 1 inter-op thread and `--intra-op-threads` (default 2) intra-op threads,
+so the executor runs ops in its single-thread order and the memory does not depend on how busy
+the machine is; measuring and estimating read the same settings. Models: the keras.applications
+below (weights=None, 10 classes) and two keras-hub models built from config (no download):
+RetinaNet with a ResNet-10 encoder (`memfit.zoo.retinanet`, generated detection samples) and a
+ViT-Tiny classifier with 8-pixel patches (`memfit.zoo.vit_classifier`).
+
     python -m bench.estimate_accuracy --quick            # 2 models, 96 px (about 10 minutes)
-    python -m bench.estimate_accuracy --out out.json     # all models, 128 px
+    python -m bench.estimate_accuracy --out out.json     # all 10 models, 96 px
 """
 
 from __future__ import annotations
@@ -23,8 +31,10 @@ import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from rich.console import Console
@@ -44,6 +54,8 @@ MODELS = [
     "InceptionV3",
     "NASNetMobile",
     "ConvNeXtTiny",
+    "RetinaNet",
+    "ViT",
 ]
 QUICK = ["MobileNetV2", "ResNet50"]
 
@@ -55,19 +67,43 @@ from memfit.measure import measure_workload, _build_optimizer
 tf = tfb.import_tf()
 if {inter}:
     tf.config.threading.set_inter_op_parallelism_threads({inter})
+if {intra}:
+    tf.config.threading.set_intra_op_parallelism_threads({intra})
 name, size, batch, opt = {name!r}, {size}, {batch}, {opt!r}
-model = getattr(keras.applications, name)(weights=None, input_shape=(size, size, 3), classes=10)
 optimizer = keras.optimizers.Adam() if opt == "adam" else keras.optimizers.SGD(momentum=0.9)
-workload = Workload(model, optimizer=optimizer)
+data = None
+if name == "RetinaNet":
+    from memfit import zoo
+    model = zoo.retinanet(size, compile=False)
+    model.compile(optimizer=optimizer)
+    data = zoo.detection_samples(batch, size)
+elif name == "ViT":
+    from memfit import zoo
+    model = zoo.vit_classifier(size, num_classes=10)
+else:
+    model = getattr(keras.applications, name)(weights=None, input_shape=(size, size, 3), classes=10)
+# The detector compiled itself with its losses and our optimizer: keep that compile.
+workload = Workload(model, optimizer=None if data is not None else optimizer, data=data)
 _build_optimizer(model)
 m = measure_workload(workload, batch, repeats=3, device="CPU:0", budget=None)
-e = memfit.estimate(model, batch)
+e = memfit.estimate(model, batch, data=data)
 params = sum(int(np.prod(v.shape)) for v in model.weights)
-outputs = 0
-for layer in model.layers:
-    for t in tf.nest.flatten(layer.output):
-        outputs += int(np.prod([d for d in t.shape[1:] if d is not None]))
-stackoverflow = 4 * (batch * outputs + params)
+
+def layer_outputs(model):
+    total = 0
+    for layer in model.layers:
+        if getattr(layer, "layers", None):
+            total += layer_outputs(layer)
+            continue
+        try:
+            tensors = tf.nest.flatten(layer.output)
+        except Exception:
+            continue
+        for t in tensors:
+            total += int(np.prod([d for d in t.shape[1:] if d is not None]))
+    return total
+
+stackoverflow = 4 * (batch * layer_outputs(model) + params)
 grappler = None
 try:
     from memfit.backend import tf_graph
@@ -102,7 +138,9 @@ except Exception as exc:
     print("grappler failed:", exc)
 emit({{"measured": m.peak_bytes, "peaks": m.peaks_bytes, "resident": m.resident_bytes,
        "memfit": e.peak_bytes, "stackoverflow": stackoverflow, "grappler": grappler,
-       "phase": e.peak_moment.get("phase"), "layer": e.peak_moment.get("layer")}})
+       "phase": e.peak_moment.get("phase"), "layer": e.peak_moment.get("layer"),
+       "inter_op_threads": tf.config.threading.get_inter_op_parallelism_threads(),
+       "intra_op_threads": tf.config.threading.get_intra_op_parallelism_threads()}})
 """
 
 
@@ -122,42 +160,62 @@ def main(argv: list[str] | None = None) -> None:
     """Run the benchmark; print the table; write JSON with `--out`."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="2 models at 96 px.")
-    parser.add_argument("--models", nargs="*", help="keras.applications names.")
-    parser.add_argument("--size", type=int, help="Image side in pixels.")
-    parser.add_argument("--batches", default=None, help="Comma-separated batch sizes.")
+    parser.add_argument("--models", nargs="*", help="keras.applications names, RetinaNet or ViT.")
+    parser.add_argument("--size", type=int, default=96, help="Image side in pixels.")
+    parser.add_argument("--batches", default="2,4,8", help="Comma-separated batch sizes.")
     parser.add_argument(
         "--inter-op-threads",
         type=int,
-        default=0,
-        help="TensorFlow inter-op threads in each child (default 0: TensorFlow's default, the "
-        "CPUs in the process's affinity mask, so 1 under `taskset -c 1`).",
+        default=1,
+        help="TensorFlow inter-op threads in each child (default 1: the executor's "
+        "single-thread order, which memfit predicts; 0: TensorFlow's default).",
+    )
+    parser.add_argument(
+        "--intra-op-threads",
+        type=int,
+        default=2,
+        help="TensorFlow intra-op threads in each child (default 2; 0: TensorFlow's default).",
+    )
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        help="Child processes at once (memory does not depend on it: threads are pinned).",
     )
     parser.add_argument("--out", help="Write results as JSON here.")
     args = parser.parse_args(argv)
     models = args.models or (QUICK if args.quick else MODELS)
-    size = args.size or (96 if args.quick else 128)
-    batches = [int(b) for b in (args.batches or ("2,4,8" if args.quick else "4,8,16")).split(",")]
-    rows: list[dict[str, Any]] = []
+    size = args.size
+    batches = [int(b) for b in args.batches.split(",")]
     started = time.perf_counter()
-    for name in models:
-        for opt in ("adam", "sgd"):
-            for batch in batches:
-                console.print(f"{name} {size}px batch {batch} {opt} ...", end=" ")
-                code = CHILD.format(
-                    name=name, size=size, batch=batch, opt=opt, inter=args.inter_op_threads
-                )
-                try:
-                    r = run_isolated(code, env={"MEMFIT_MEMORY": "6GiB"}, timeout=900)
-                except AssertionError as exc:
-                    console.print(f"[red]failed[/] {str(exc)[-300:]}")
-                    continue
-                row = {"model": name, "size": size, "batch_size": batch, "optimizer": opt, **r}
-                for method in ("memfit", "stackoverflow", "grappler"):
-                    row[f"{method}_error"] = _error(r[method], r["measured"])
-                rows.append(row)
-                console.print(
-                    f"measured {r['measured'] / 2**20:.1f} MiB, memfit {row['memfit_error']:+.1%}"
-                )
+    cases = [(name, opt, batch) for name in models for opt in ("adam", "sgd") for batch in batches]
+
+    def run(case: tuple[str, str, int]) -> dict[str, Any] | None:
+        name, opt, batch = case
+        code = CHILD.format(
+            name=name,
+            size=size,
+            batch=batch,
+            opt=opt,
+            inter=args.inter_op_threads,
+            intra=args.intra_op_threads,
+        )
+        try:
+            r = run_isolated(code, env={"MEMFIT_MEMORY": "6GiB"}, timeout=1800)
+        except (AssertionError, subprocess.TimeoutExpired) as exc:
+            console.print(f"{name} {size}px batch {batch} {opt}: [red]failed[/] {str(exc)[-300:]}")
+            return None
+        row = {"model": name, "size": size, "batch_size": batch, "optimizer": opt, **r}
+        for method in ("memfit", "stackoverflow", "grappler"):
+            row[f"{method}_error"] = _error(r[method], r["measured"])
+        console.print(
+            f"{name} {size}px batch {batch} {opt}: measured {r['measured'] / 2**20:.1f} MiB, "
+            f"memfit {row['memfit_error']:+.1%}"
+        )
+        return row
+
+    with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        rows = [row for row in pool.map(run, cases) if row is not None]
     table = Table(title=f"Predicted vs measured peak (CPU, BFC, {size}px)")
     for column in (
         "model",
@@ -226,6 +284,8 @@ def main(argv: list[str] | None = None) -> None:
             "tensorflow": tf.__version__,
             "allocator": "CPU BFC (TF_CPU_ALLOCATOR_USE_BFC), oneDNN off, 6 GiB cap",
             "inter_op_threads": args.inter_op_threads,
+            "intra_op_threads": args.intra_op_threads,
+            "jobs": args.jobs,
             "affinity_cpus": len(os.sched_getaffinity(0)),
         },
         "seconds": time.perf_counter() - started,

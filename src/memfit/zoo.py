@@ -117,3 +117,48 @@ def detection_samples(
         return image, {"boxes": boxes, "labels": labels}
 
     return tf.data.Dataset.range(count).map(sample)
+
+
+def vit_classifier(
+    image_size: int = 96,
+    num_classes: int = 10,
+    patch_size: int = 8,
+    num_layers: int = 12,
+    num_heads: int = 3,
+    hidden_dim: int = 192,
+    mlp_dim: int = 768,
+) -> Any:
+    """A keras-hub Vision Transformer image classifier (ViT-Tiny widths), random weights.
+
+    The defaults are ViT-Ti's widths (12 layers, 3 heads, 192 wide, MLP 768) with 8-pixel
+    patches, so a 96-pixel image is 144 tokens plus the class token. Not compiled: memfit
+    chooses the loss from the output (or compile it yourself).
+
+    Args:
+        image_size: square input size.
+        num_classes: output classes.
+        patch_size: side of a patch in pixels.
+        num_layers: transformer blocks.
+        num_heads: attention heads.
+        hidden_dim: token width.
+        mlp_dim: width of each block's MLP.
+
+    Returns:
+        A `keras_hub.models.ViTImageClassifier`.
+
+    Example:
+        ```python
+        model = memfit.zoo.vit_classifier(96)
+        memfit.estimate(model, 8)
+        ```
+    """
+    hub = _import_keras_hub()
+    backbone = hub.models.ViTBackbone(
+        image_shape=(image_size, image_size, 3),
+        patch_size=patch_size,
+        num_layers=num_layers,
+        num_heads=num_heads,
+        hidden_dim=hidden_dim,
+        mlp_dim=mlp_dim,
+    )
+    return hub.models.ViTImageClassifier(backbone=backbone, num_classes=num_classes)
