@@ -24,7 +24,7 @@ PROBE_BATCH = 4
 # How far short of a long extrapolation's prediction the search aims (see _next_guess).
 FAR_SHORTFALL = 0.08
 # A calibration trial goes at most this many times further than the largest size measured.
-CALIBRATION_GROWTH = 4
+CALIBRATION_GROWTH = 3
 # An in-process search with a dataset hands its largest samples, at most this many, to the
 # fresh processes of the deciding trials.
 FRESH_SAMPLES = 512
@@ -368,10 +368,13 @@ class _TrialRunner:
         if self.worker is not None:
             self.worker.close()
 
-    def decide(self, sizes: list[int]) -> list[tuple[Measurement, float]]:
-        """Deciding trials: each size traced exactly in a fresh process, side by side."""
+    def decide(self, sizes: list[int], more: bool) -> list[tuple[Measurement, float]]:
+        """Deciding trials: each size traced exactly in a fresh process, side by side.
+
+        `more`: more rounds are likely, so the next round's processes start right away.
+        """
         if self.fresh is not None:
-            return self.fresh.measure(sizes)
+            return self.fresh.measure(sizes, more)
         results = []
         for size in sizes:
             start = time.perf_counter()
@@ -410,7 +413,10 @@ class _FreshWorkers:
             worker.start()
             self.spare.append(worker)
 
-    def measure(self, sizes: list[int]) -> list[tuple[Measurement, float]]:
+    def measure(self, sizes: list[int], more: bool = False) -> list[tuple[Measurement, float]]:
+        """One trial per size, each in its own fresh process; `more` starts the next ones now
+        (they import TensorFlow while these trace, and while an OOM waits out TensorFlow's
+        10 s allocator retry)."""
         from memfit.isolate import measurement_from_child
 
         self.count = max(self.count, len(sizes))
@@ -422,6 +428,8 @@ class _FreshWorkers:
                 w.submit(batch_size=int(s), repeats=1, exact=True)
                 for w, s in zip(workers, sizes, strict=True)
             ]
+            if more:
+                self.warm()
             results = []
             for worker, ticket, size in zip(workers, tickets, sizes, strict=True):
                 raw = worker.collect(ticket)
@@ -497,9 +505,6 @@ def _search(
         result.peak_bytes = result.trials[0].peak_bytes
         _explain_if_weights_alone_exceed(run, budget)
         return result
-    # The deciding trials' processes start now: ready by the time calibration ends, without
-    # slowing batch 1 (its trace is the longest calibration step).
-    run.warm()
     lo, hi = 1, None  # calibration: largest fitting, smallest failing
     if cap >= 2:
         probe = min(cap, PROBE_BATCH)
@@ -514,18 +519,24 @@ def _search(
         guess, predicted = _next_guess(peaks, lo, hi, cap, limit, result.trials)
         if predicted is not None and guess <= lo + max(1, lo // 2):
             break  # close enough: the deciding trials take it from here
+        slope = _slope(peaks)
+        if slope > 0 and 2 * guess >= lo + (limit - peaks[lo]) / slope:
+            # Likely the last calibration trial: the deciding trials' processes start now and
+            # get ready meanwhile (earlier, they would slow the calibration on a small CPU).
+            run.warm()
         if calibrate(guess, predicted):
             lo = guess
         else:
             hi = guess
     run.end_calibration()
+    run.warm()
 
     # Deciding: every size the answer rests on is traced exactly (the graph memfit.fit runs)
     # and measured in a fresh process, two sizes at a time, until a fitting size and a failing
     # one are next to each other (or within the margin).
     fits: dict[int, int] = {}  # deciding sizes that fit -> measured peak
     fails: set[int] = set()
-    misses = 0
+    misses, overshot = 0, False
     while True:
         hi_x = min(fails, default=None)
         # A size that failed below one that fitted: the allocator's jitter; trust the failure.
@@ -540,14 +551,17 @@ def _search(
             break
         if hi_x is not None and lo_x and hi_x - lo_x <= max(1, math.floor(margin * lo_x)):
             break
-        sizes, predicted = _deciding_sizes(peaks, fits, lo_x, hi_x, lo, hi, cap, limit, misses)
-        for size, (m, seconds) in zip(sizes, run.decide(sizes), strict=True):
+        sizes, predicted = _deciding_sizes(
+            peaks, fits, lo_x, hi_x, lo, hi, cap, limit, misses, overshot
+        )
+        for size, (m, seconds) in zip(sizes, run.decide(sizes, misses > 0), strict=True):
             predicted_peak = predicted(size)
             if record(size, m, predicted_peak, seconds, True):
                 fits[size] = int(m.peak_bytes)  # type: ignore[arg-type]
             else:
                 fails.add(size)
         misses += 1
+        overshot = all(size in fails for size in sizes)
     result.batch_size = lo_x
     result.peak_bytes = fits[lo_x]
     result.failing_batch_size = hi_x
@@ -564,14 +578,16 @@ def _deciding_sizes(
     cap: int,
     limit: int,
     misses: int,
+    overshot: bool,
 ) -> tuple[list[int], Callable[[int], int | None]]:
     """The next deciding sizes: the predicted limit and the size above it, first.
 
     The slope comes from the deciding trials once two that fitted are far enough apart, else
     from the calibration; it is anchored at the largest size that fitted in a deciding trial
     (an exact trace peaks a little below the shared relaxed one), else at the largest
-    calibration size. Once a prediction has missed, the two sizes split what is left of the
-    bracket in three (or are the last two candidates).
+    calibration size. When the first prediction overshot, the two sizes right below the
+    failure come next; after that, the two sizes split what is left of the bracket in three
+    (or are the last two candidates).
     """
     lower = lo_x + 1
     upper = min(cap, hi_x - 1) if hi_x is not None else cap
@@ -586,8 +602,11 @@ def _deciding_sizes(
     def predicted(size: int) -> int | None:
         return int(anchor_peak + slope * (size - anchor)) if slope > 0 else None
 
+    if overshot and misses == 1 and upper - lower >= 2:
+        # The prediction just overshot: the limit is most likely right below the failure.
+        return [upper - 1, upper], predicted
     # A calibration size that fitted but is not decided yet still counts as a likely floor.
-    floor_ = lo if lower <= lo <= upper else lower
+    floor_ = max([s for s in peaks if lower <= s <= upper], default=lower)
     if hi_x is not None and misses > 0:
         if upper - floor_ < 2:
             return list(range(floor_, upper + 1)), predicted
