@@ -104,8 +104,10 @@ def replay(graph: Any, warmup: bool = True) -> Replay:
     """
     bfc = BFC()
     resident: list[Live] = []
+    variables: dict[str, int] = {}
     for name, (nbytes, kind) in graph.variables.items():
         handle = bfc.allocate(nbytes)
+        variables[name] = handle
         label = {"weight": "weights", "optimizer": "optimizer_slots"}.get(kind, "other_state")
         layer = graph.variable_layers.get(name, "")
         resident.append(Live(bfc.size_of(handle), label, layer, name))
@@ -113,17 +115,17 @@ def replay(graph: Any, warmup: bool = True) -> Replay:
         handle = bfc.allocate(nbytes)
         resident.append(Live(bfc.size_of(handle), "inputs", "", name))
     if warmup:
-        _run(graph, bfc)
+        _run(graph, bfc, variables)
     bfc.reset_peak()
     before = bfc.in_use
-    result = _run(graph, bfc)
+    result = _run(graph, bfc, variables)
     result.resident_bytes = before
     result.peak_bytes = before + result.step_peak_bytes
     result.live = resident + result.live
     return result
 
 
-def _run(graph: Any, bfc: BFC) -> Replay:
+def _run(graph: Any, bfc: BFC, variables: dict[str, int] | None = None) -> Replay:
     ops = graph.ops
     index = {op.name: i for i, op in enumerate(ops)}
     producer = {}
@@ -164,6 +166,13 @@ def _run(graph: Any, bfc: BFC) -> Replay:
     threads = max(1, int(graph.inter_op_threads))
     start = bfc.in_use
     result = Replay(0, "", "", "forward", "")
+    # Each variable's buffer: the variable holds one reference; a read shares it.
+    held = variables if variables is not None else {}
+    for name, handle in held.items():
+        size[handle] = bfc.size_of(handle)
+        request[handle] = round_up(graph.variables[name][0])
+        refs[handle] = 1
+        owner[handle] = -1
 
     def allocate(nbytes: int, op_index: int) -> int:
         buffer = bfc.allocate(nbytes)
@@ -185,7 +194,7 @@ def _run(graph: Any, bfc: BFC) -> Replay:
     def snapshot(op_index: int, extra: list[tuple[int, str, int]]) -> None:
         live = []
         for buffer, count in refs.items():
-            if count > 0 and size[buffer]:
+            if count > 0 and size[buffer] and owner[buffer] >= 0:
                 o = owner[buffer]
                 cat = category[buffer]
                 live.append(Live(size[buffer], cat, layers[o], ops[o].name))
@@ -197,6 +206,54 @@ def _run(graph: Any, bfc: BFC) -> Replay:
         result.peak_op_type = op.type
         result.peak_phase = phases[op_index]
         result.peak_layer = layers[op_index]
+
+    def _assign(op_index: int, op: Any) -> None:
+        # AssignVariableOp adopts its value's buffer when nothing else holds it, else copies
+        # in place; AssignAdd/Sub update in place. Either first copies the variable to a new
+        # buffer while a read of its old value is still live (copy-on-write,
+        # resource_variable_ops.cc), and the variable keeps the new buffer for good.
+        old = held[op.variable]
+        if op.type == "AssignVariableOp" and len(op.inputs) > 1:
+            value = op.inputs[1]
+            candidate = buffer_of.get(value)
+            if (
+                candidate is not None
+                and value not in arguments
+                and pending.get(value, 0) == 1
+                and refs[candidate] == 1
+                and request[candidate] == request[old]
+            ):
+                refs[candidate] += 1
+                owner[candidate] = op_index
+                held[op.variable] = candidate
+                release_buffer(old)
+                return
+        if refs[old] > 1:
+            new = allocate(request[old], op_index)
+            held[op.variable] = new
+            release_buffer(old)
+
+    def release_buffer(buffer: int) -> None:
+        refs[buffer] -= 1
+        if refs[buffer] == 0:
+            bfc.free(buffer)
+
+    def _finish(op_index: int) -> None:
+        op = ops[op_index]
+        for tensor in op.inputs:
+            if tensor in pending:
+                pending[tensor] -= 1
+                if pending[tensor] == 0 and tensor not in fetched:
+                    release(tensor)
+        for name in op.outputs:
+            if name not in consumers and name not in fetched:
+                release(name)
+        if threads > 1:
+            for j in succs[op_index]:
+                indegree[j] -= 1
+                if indegree[j] == 0:
+                    ready.append(j)
+                    queued.add(j)
 
     for name in graph.arguments:
         buffer_of[name] = None  # held by the caller: counted as resident
@@ -217,6 +274,16 @@ def _run(graph: Any, bfc: BFC) -> Replay:
         op = ops[i]
         position[i] = len(result.order)
         result.order.append(op.name)
+        if op.variable in held:
+            if op.type == "ReadVariableOp":
+                buffer = held[op.variable]
+                refs[buffer] += 1
+                buffer_of[op.outputs[0]] = buffer
+                position[i] = len(result.order)
+                result.order.append(op.name)
+                _finish(i)
+                continue
+            _assign(i, op)
         for k, name in enumerate(op.outputs):
             source = op.alias[k] if k < len(op.alias) else None
             if source is not None:
@@ -287,8 +354,9 @@ def _run(graph: Any, bfc: BFC) -> Replay:
                 queued.add(j)
 
     # The step's results go back to the caller, who frees them before the next step.
+    kept = set(held.values())
     for buffer, count in list(refs.items()):
-        if count > 0:
+        if count > 0 and buffer not in kept:
             refs[buffer] = 0
             bfc.free(buffer)
     # Label what was live at the peak.
