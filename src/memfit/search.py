@@ -32,7 +32,11 @@ FRESH_SAMPLES = 512
 
 @dataclass
 class Trial:
-    """One measured batch size in a search."""
+    """One measured batch size in a search.
+
+    `deciding`: traced for its exact shape and measured in a fresh process (the trials the
+    answer rests on); otherwise a calibration trial on the shared relaxed trace.
+    """
 
     batch_size: int
     oom: bool
@@ -60,6 +64,9 @@ class BatchSearchResult:
             each other or within the margin), `"max_batch"`, `"dataset_size"`, `"nothing_fits"`.
         worst_case_samples: trials used the dataset's largest samples.
         largest_sample: shapes of that largest sample, when a dataset was given.
+        seconds: wall time of the search.
+        decided_in: `"fresh_processes"` (the deciding trials each ran in a new process) or
+            `"this_process"` (the model could not be saved for a child).
     """
 
     batch_size: int
@@ -147,24 +154,24 @@ def find_batch_size(
 ) -> BatchSearchResult:
     """Find the largest batch size whose training step fits the budget, from measurements.
 
-    Peaks measured at batch 1 and 4 give the step's fixed and per-sample memory; the search
-    predicts the limit from them and measures a little short of it (a long extrapolation
-    multiplies the allocator's jitter), then narrows a bracket — the largest size that fits
-    and the smallest that does not — re-predicting from the smallest and largest fitting
-    sizes (just below a prediction that failed, else doubling or bisection), until the two
-    are one apart or within the margin. An OOM or a peak above the prediction simply narrows
-    the bracket, so peaks that are not linear in the batch size (kernels and workspaces
-    change with size) still give the right answer. The first three trials only calibrate and
-    share one trace with a relaxed batch dimension; the trials that decide the answer are
-    traced for their exact shape, as `memfit.fit` runs them, each (isolated) in a fresh
-    process.
+    Calibration: peaks measured at batch 1 and 4, then at sizes at most 3x further each time
+    towards the predicted limit (aiming a little short), give the step's memory per sample;
+    these trials share one trace with a relaxed batch dimension (cheap, in this process or
+    one child). Deciding: the predicted largest size and the one above it are each traced
+    exactly (the graph `memfit.fit` runs) and measured in a fresh child process, side by side;
+    those processes start while the calibration runs, so they are ready when needed. A miss
+    narrows the bracket (just below an overshoot, then thirds of what is left) until a size
+    that fits and one that fails are next to each other (or within the margin), both measured
+    in fresh processes: the answer holds for a fresh process, as the user's training is.
+    Peaks that are not linear in the batch size (kernels and workspaces change with size)
+    cost rounds, never the answer.
 
-    The model is never trained: each trial restores every variable bit for bit (see
-    `memfit.measure`); with `isolated=True` the trials run in a child process and the model
-    in this process is not touched at all. Prefer `isolated=True`: after an OOM the allocator
-    of the process that had it is fragmented, and sizes near the limit fail there that fit a
-    fresh process (measured: MobileNetV2 found 31 in-process against 34 isolated, of a true
-    35); the isolated search replaces its child after every OOM.
+    The model is never trained: calibration trials restore every variable bit for bit (see
+    `memfit.measure`); with `isolated=True` the model in this process is not touched at all.
+    The deciding trials of an in-process search run on a saved copy of the model (and of the
+    dataset's largest samples); a model that cannot be saved is decided in this process
+    instead (`decided_in == "this_process"`; after OOMs, this process's allocator is
+    fragmented and may fail sizes a fresh process fits).
 
     Args:
         model: a compiled Keras model, or a MODEL string with `isolated=True`.
@@ -179,9 +186,9 @@ def find_batch_size(
         input_shape: shape of one sample for models with undefined input dimensions.
         optimizer: optimizer to compile with (default: the model's own, else Adam).
         loss: loss to compile with (default: the model's own).
-        isolated: run the trials in a child process that builds the model once and measures
-            size after size, replaced by a fresh one after every OOM (safer: an OOM cannot
-            disturb the next trial, and a step that fails slowly is stopped).
+        isolated: run the calibration in a child process that builds the model once and
+            measures size after size (replaced after an OOM), so this process needs no
+            TensorFlow state and its model is not touched.
         on_trial: called with each `Trial` as it completes (progress displays).
 
     Returns:
