@@ -3,10 +3,12 @@
 Every method searches the same model under the same emulated budget, one after the other in
 one run, each as its tool runs it, and only the search is timed:
 
-- memfit: `find_batch_size(..., margin=0)` as `memfit batch` runs it — one child process that
-  builds the model once and measures size after size, replaced after every OOM; one warm-up
-  and one measured step per trial;
-- memfit_in_process: the same search with every trial in one process (`--in-process`);
+- memfit: `find_batch_size(..., margin=0)` as `memfit batch` runs it — calibration trials in
+  one child process on a shared relaxed trace, then deciding trials (exact trace) each in a
+  fresh child process started ahead, two side by side; one warm-up and one measured step per
+  trial;
+- memfit_in_process: the same search with the calibration in the search's own process
+  (`--in-process`; the deciding trials still run in fresh children);
 - Lightning `power` and `binsearch` (init 2, 3 `train_on_batch` steps per trial, see
   bench/baselines/) and Accelerate's back-off (start 128, x0.9 per OOM, 3 steps per attempt),
   each in one process as the originals run: the model built once, an OOM caught and the next
