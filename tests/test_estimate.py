@@ -197,3 +197,65 @@ def test_undefined_input_shape_needs_input_shape(tmp_path):
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "--input-shape" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def _variable_step(read_live_during_update: bool):
+    from memfit.backend.tf_graph import OpInfo, StepGraph
+
+    mib = 1 << 20
+    update_after, use_after = (["use"], []) if not read_live_during_update else ([], ["update"])
+    ops = [
+        OpInfo("h", "Placeholder", [], ["h:0"], [0]),
+        OpInfo("read", "ReadVariableOp", ["h:0"], ["read:0"], [mib], alias=[0], variable="w"),
+        OpInfo("delta", "RandomUniform", [], ["delta:0"], [mib]),
+        OpInfo(
+            "update",
+            "AssignSubVariableOp",
+            ["h:0", "delta:0"],
+            [],
+            [],
+            control_inputs=update_after,
+            variable="w",
+        ),
+        OpInfo("use", "Sum", ["read:0"], ["use:0"], [4], control_inputs=use_after),
+    ]
+    return StepGraph(
+        ops=ops,
+        arguments=[],
+        argument_bytes=[],
+        fetches=["use:0"],
+        variables={"w": (mib, "weight")},
+        variable_layers={},
+        layers=set(),
+        optimizer_name="opt",
+        inter_op_threads=1,
+    )
+
+
+def test_an_update_while_a_read_is_live_copies_the_variable():
+    from memfit.estimate.simulate import replay
+
+    # resource_variable_ops.cc: AssignSub on a variable whose old value a live read still
+    # holds first copies the variable to a new buffer (copy on write); without a live read it
+    # updates in place.
+    copied = replay(_variable_step(read_live_during_update=True))
+    in_place = replay(_variable_step(read_live_during_update=False))
+    assert copied.step_peak_bytes - in_place.step_peak_bytes >= (1 << 20) - 256
+    assert copied.peak_op == "update"
+    assert in_place.order == ["h", "read", "use", "delta", "update"]
+
+
+def test_prune_dead_drops_what_reaches_no_result_or_effect():
+    from memfit.backend.tf_graph import OpInfo, prune_dead
+
+    ops = [
+        OpInfo("x", "Placeholder", [], ["x:0"], [0]),
+        OpInfo("sig", "Sigmoid", ["x:0"], ["sig:0"], [64]),
+        # swish's gradient for its constant beta: made, never used.
+        OpInfo("sq", "Square", ["x:0"], ["sq:0"], [64]),
+        OpInfo("beta_grad", "Sum", ["sq:0"], ["beta_grad:0"], [4]),
+        OpInfo("upd", "AssignSubVariableOp", ["sig:0"], [], [], control_inputs=["x"]),
+        OpInfo("loss", "Mean", ["sig:0"], ["loss:0"], [4]),
+    ]
+    kept = prune_dead(ops, fetches=["loss:0"], effects={"upd"})
+    assert [op.name for op in kept] == ["x", "sig", "upd", "loss"]

@@ -279,8 +279,6 @@ def _run(graph: Any, bfc: BFC, variables: dict[str, int] | None = None) -> Repla
                 buffer = held[op.variable]
                 refs[buffer] += 1
                 buffer_of[op.outputs[0]] = buffer
-                position[i] = len(result.order)
-                result.order.append(op.name)
                 _finish(i)
                 continue
             _assign(i, op)
