@@ -239,7 +239,7 @@ def main(argv: list[str] | None = None) -> None:
             **r,
         }
         for method in ("memfit", "stackoverflow", "grappler"):
-            row[f"{method}_error"] = _error(r[method], r["measured"])
+            row[f"{method}_error"] = _error(r[method], measured)
         console.print(
             f"{name} {size}px batch {batch} {opt}: measured {r['measured'] / 2**20:.1f} MiB, "
             f"memfit {row['memfit_error']:+.1%}"
