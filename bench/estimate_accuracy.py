@@ -241,7 +241,7 @@ def main(argv: list[str] | None = None) -> None:
         for method in ("memfit", "stackoverflow", "grappler"):
             row[f"{method}_error"] = _error(r[method], measured)
         console.print(
-            f"{name} {size}px batch {batch} {opt}: measured {r['measured'] / 2**20:.1f} MiB, "
+            f"{name} {size}px batch {batch} {opt}: measured {measured / 2**20:.1f} MiB, "
             f"memfit {row['memfit_error']:+.1%}"
         )
         return row
