@@ -327,14 +327,16 @@ class _TrialRunner:
         """The dataset's largest samples, largest first, for the children (`Dataset.save`)."""
         tf = tfb.import_tf()
         dataset = self.workload.data
-        keep = self.workload.ranked_samples()[:FRESH_SAMPLES]
+        ranked = self.workload.ranked_samples()
+        # Largest first (the children rank them again, in the same order), else the first ones.
+        keep = (
+            ranked[:FRESH_SAMPLES] if self.worst_case else list(range(len(ranked)))[:FRESH_SAMPLES]
+        )
         wanted = set(keep)
         chosen: dict[int, Any] = {}
         for index, sample in enumerate(dataset):
             if index in wanted:
                 chosen[index] = sample
-        if not self.worst_case:
-            keep = sorted(keep)
         ordered = tf.data.Dataset.from_generator(
             lambda: (chosen[i] for i in keep), output_signature=dataset.element_spec
         )
