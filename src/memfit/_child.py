@@ -46,12 +46,16 @@ def open_measurer(
     precision: str | None = None,
     remat: str | None = None,
     saved_data: str | None = None,
+    imports: list[str] | None = None,
 ) -> Callable[..., dict[str, Any]]:
     """Load a MODEL spec once; return `measure(batch_size, repeats)` for this process.
 
     `saved_data` is a folder written by `tf.data.Dataset.save` (samples a parent process
-    chose), used instead of a `data` spec.
+    chose), used instead of a `data` spec. `imports`: packages to import first, so that a
+    saved model's classes are registered (keras_hub models, say).
     """
+    for name in imports or []:
+        importlib.import_module(name)
     import contextlib
 
     from memfit.backend import tf as tfb

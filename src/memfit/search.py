@@ -319,6 +319,7 @@ class _TrialRunner:
                 "optimizer": None,
                 "loss": None,
                 "worst_case": self.worst_case,
+                "imports": _packages_of(model),
             },
             self.budget,
         )
@@ -399,6 +400,14 @@ class _TrialRunner:
         if self.fresh is not None:
             self.fresh.shutdown()
         self._tmp.cleanup()
+
+
+def _packages_of(model: Any) -> list[str]:
+    """Top-level packages (besides Keras) whose layers the model uses: the child imports them
+    before loading the saved model, so their classes are registered."""
+    layers = [model, *getattr(model, "_flatten_layers", lambda: [])()]
+    names = {type(layer).__module__.split(".")[0] for layer in layers}
+    return sorted(names - {"keras", "builtins", "__main__"})
 
 
 class _FreshWorkers:
