@@ -339,8 +339,10 @@ class ChildWorker:
             proc.kill()
             proc.wait()
 
-    def shutdown(self) -> None:
-        """Stop the child and remove the worker's files."""
+    def shutdown(self, kill: bool = False) -> None:
+        """Stop the child and remove the worker's files; `kill`: at once, even mid-work."""
+        if kill:
+            self._kill()
         self.close()
         self._tmp.cleanup()
 

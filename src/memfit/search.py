@@ -459,8 +459,9 @@ class _FreshWorkers:
         return results
 
     def shutdown(self) -> None:
+        # Unused: stopped at once (one still importing TensorFlow would not read its stdin).
         for worker in self.spare:
-            worker.shutdown()
+            worker.shutdown(kill=True)
         self.spare = []
 
 
