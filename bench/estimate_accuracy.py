@@ -5,8 +5,8 @@ child processes under an emulated budget (CPU, BFC allocator, oneDNN off) each m
 as `memfit.measure` does (one warm-up, then the highest peak of 3 steps); the measured peak is
 their median, because the executor's order, and so the peak, is fixed when a process
 instantiates the step and can differ from one instantiation to the next (ResNet50 96 px
-batch 2 Adam: 337 MiB in most, 345-475 MiB in some; see `memfit.estimate.simulate`). One more
-child then predicts it three ways:
+batch 2 Adam: 337 MiB in most, 345-475 MiB in some; see `memfit.estimate.simulate`). The
+first of them then also predicts it three ways:
 
 - memfit: `memfit.estimate` (traced step replayed through executor + BFC model);
 - stackoverflow: the popular formula `4 bytes x (batch x sum of layer output elements +
@@ -88,11 +88,12 @@ else:
 # The detector compiled itself with its losses and our optimizer: keep that compile.
 workload = Workload(model, optimizer=None if data is not None else optimizer, data=data)
 _build_optimizer(model)
-if {measure}:
-    m = measure_workload(workload, batch, repeats=3, device="CPU:0", budget=None)
-    emit({{"peak": m.peak_bytes, "peaks": m.peaks_bytes, "resident": m.resident_bytes}})
+m = measure_workload(workload, batch, repeats=3, device="CPU:0", budget=None)
+measured = {{"peak": m.peak_bytes, "peaks": m.peaks_bytes, "resident": m.resident_bytes}}
+if {only_measure}:
+    emit(measured)
     raise SystemExit(0)
-resident = {resident}
+resident = m.resident_bytes
 e = memfit.estimate(model, batch, data=data)
 params = sum(int(np.prod(v.shape)) for v in model.weights)
 
@@ -143,7 +144,7 @@ try:
     grappler = int(max(v[0] for v in report.values()) + resident)
 except Exception as exc:
     print("grappler failed:", exc)
-emit({{"memfit": e.peak_bytes, "stackoverflow": stackoverflow, "grappler": grappler,
+emit({{**measured, "memfit": e.peak_bytes, "stackoverflow": stackoverflow, "grappler": grappler,
        "phase": e.peak_moment.get("phase"), "layer": e.peak_moment.get("layer"),
        "inter_op_threads": tf.config.threading.get_inter_op_parallelism_threads(),
        "intra_op_threads": tf.config.threading.get_intra_op_parallelism_threads()}})
@@ -217,13 +218,15 @@ def main(argv: list[str] | None = None) -> None:
         try:
             # Each fresh process instantiates the step anew, and the executor's order (so
             # the peak) can differ between instantiations: the median of several processes.
-            runs = [
-                run_isolated(CHILD.format(measure=True, resident=0, **settings), env, 1800)
-                for _ in range(max(1, args.processes))
+            # The first process also predicts (after measuring: predicting allocates none of
+            # the step's tensors).
+            r = run_isolated(CHILD.format(only_measure=False, **settings), env, 1800)
+            runs = [r] + [
+                run_isolated(CHILD.format(only_measure=True, **settings), env, 1800)
+                for _ in range(max(1, args.processes) - 1)
             ]
             measured = sorted(run["peak"] for run in runs)[(len(runs) - 1) // 2]
             resident = runs[0]["resident"]
-            r = run_isolated(CHILD.format(measure=False, resident=resident, **settings), env, 1800)
         except (AssertionError, subprocess.TimeoutExpired) as exc:
             console.print(f"{name} {size}px batch {batch} {opt}: [red]failed[/] {str(exc)[-300:]}")
             return None
@@ -234,9 +237,9 @@ def main(argv: list[str] | None = None) -> None:
             "optimizer": opt,
             "measured": measured,
             "measured_each": [run["peak"] for run in runs],
+            **{k: v for k, v in r.items() if k not in ("peak", "peaks")},
             "peaks": [p for run in runs for p in run["peaks"]],
             "resident": resident,
-            **r,
         }
         for method in ("memfit", "stackoverflow", "grappler"):
             row[f"{method}_error"] = _error(r[method], measured)
