@@ -44,7 +44,7 @@ del model
 size = result.batch_size
 measure = lambda b: memfit.measure(path, b, isolated=True, repeats=1, budget="BUDGET_MIBMiB")
 with concurrent.futures.ThreadPoolExecutor(3) as pool:
-    fresh = [pool.submit(measure, size)]
+    fresh = [pool.submit(measure, int(size * 0.95))]  # less the default 5% margin
     nothing = pool.submit(memfit.find_batch_size, path, "48MiB", isolated=True)
 
     images = [np.zeros((32, 32, 3), "float32")] * 30
@@ -103,10 +103,13 @@ def test_search_brackets_the_limit_with_real_ooms_in_fresh_processes(searches):
 @pytest.mark.slow
 def test_size_found_runs_in_an_independent_fresh_process(searches):
     # The search's own fresh trials showed size fitting and size + 1 failing (test above).
-    # Independently, the size found runs in another fresh process. (Not asserted: size + 1
-    # failing there too. At the limit the peak of the same step moves between processes by
-    # a few MiB, one or two samples here: independent runs of size + 1 and size + 2 have fitted.)
+    # Independently, in another fresh process, the size found less the default 5% margin
+    # runs. At margin 0 the answer is exact for the processes that measured it, but the peak
+    # of the same step moves between processes (the executor's op order is fixed per
+    # instantiation): independent runs of size + 1 and size + 2 have fitted, and once in CI
+    # the size found itself did not. The default margin is there for exactly that.
     (fits,) = searches["fresh"]
+    assert fits["batch_size"] == int(searches["search"]["batch_size"] * 0.95)
     assert fits["oom"] is False and fits["peak_bytes"] <= BUDGET_MIB * 2**20
 
 
