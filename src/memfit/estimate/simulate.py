@@ -335,21 +335,7 @@ def _run(graph: Any, bfc: BFC, variables: dict[str, int] | None = None) -> Repla
             snapshot(i, extra)
         for handle in scratch:
             bfc.free(handle)
-        for tensor in op.inputs:
-            if tensor in pending:
-                pending[tensor] -= 1
-                if pending[tensor] == 0 and tensor not in fetched:
-                    release(tensor)
-        for name in op.outputs:
-            if name not in consumers and name not in fetched:
-                release(name)
-        if threads == 1:
-            continue
-        for j in succs[i]:
-            indegree[j] -= 1
-            if indegree[j] == 0:
-                ready.append(j)
-                queued.add(j)
+        _finish(i)
 
     # The step's results go back to the caller, who frees them before the next step.
     kept = set(held.values())
