@@ -32,6 +32,7 @@ CATEGORIES = (
     "gradients",
     "temporaries",
     "workspace",
+    "fragmentation",
 )
 PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
 REMAT_MODES = ("full", "activations", "larger_than", "list_of_layers")
@@ -48,11 +49,15 @@ class Estimate:
             batch included), comparable with `Measurement.peak_bytes`.
         breakdown: bytes live at the peak by category (`weights`, `optimizer_slots`,
             `other_state`, `inputs`, `activations` kept for the backward pass, `gradients`,
-            `temporaries`, `workspace` of kernels); sums to `peak_bytes`.
+            `temporaries`, `workspace` of kernels, and `fragmentation`: what the BFC
+            allocator hands out beyond the requests, whole chunks it would not split); sums
+            to `peak_bytes`.
         per_layer: `[{"layer", "bytes", ...categories}]`, largest first.
         peak_moment: when the peak happens: `phase` (forward/backward/update), `layer`, `op`.
         what_ifs: other configurations and their predicted peaks.
         resident_bytes: predicted bytes in use before the step (weights, optimizer state, batch).
+        activations_kept_bytes: bytes the forward pass leaves for the backward pass (live as
+            the backward pass starts), whether or not the peak comes then.
         budget: the budget compared against, if any.
         input_shapes: shape of one sample per input.
     """
@@ -64,6 +69,7 @@ class Estimate:
     peak_moment: dict[str, str] = field(default_factory=dict)
     what_ifs: list[dict[str, Any]] = field(default_factory=list)
     resident_bytes: int = 0
+    activations_kept_bytes: int = 0
     budget: Budget | None = None
     input_shapes: list[list[int]] = field(default_factory=list)
     trace_seconds: float = 0.0
@@ -79,6 +85,7 @@ class Estimate:
             "batch_size": self.batch_size,
             "peak_bytes": self.peak_bytes,
             "resident_bytes": self.resident_bytes,
+            "activations_kept_bytes": self.activations_kept_bytes,
             "breakdown": {f"{k}_bytes": v for k, v in self.breakdown.items()},
             "per_layer": self.per_layer,
             "peak_moment": self.peak_moment,
@@ -138,6 +145,7 @@ def estimate_workload(workload: Workload, batch_size: int) -> Estimate:
             "op_type": result.peak_op_type,
         },
         resident_bytes=result.resident_bytes,
+        activations_kept_bytes=result.activations_kept_bytes,
         input_shapes=[list(s) for s in _sample_shapes(workload)],
         trace_seconds=traced,
     )

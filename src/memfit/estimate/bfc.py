@@ -18,6 +18,8 @@ GRANULE = 256
 BINS = 21
 MAX_INTERNAL_FRAGMENTATION = 128 << 20
 INITIAL_REGION = 2 << 20
+_MMAP_TOP = 1 << 62
+_REGION_SPACING = 1 << 48  # more than any region: regions never touch
 
 
 def rounded(nbytes: int) -> int:
@@ -53,7 +55,6 @@ class BFC:
         self.bins: list[list[tuple[int, int]]] = [[] for _ in range(BINS)]
         self.chunks: dict[int, _Chunk] = {}
         self.next_region_bytes = INITIAL_REGION
-        self.next_address = 0
         self.regions = 0
         self.in_use = 0
         self.peak = 0
@@ -74,8 +75,12 @@ class BFC:
         if not grew:
             self.next_region_bytes *= 2
         self.regions += 1
-        chunk = _Chunk(self.next_address, region_bytes, self.regions)
-        self.next_address += region_bytes + (1 << 40)  # regions are not contiguous
+        # Where the region lies decides ties between free chunks of one size (the lower
+        # address wins). The CPU allocator's regions come from `posix_memalign`: glibc serves
+        # the first (2 MiB, under its raised mmap threshold) from the heap, at the lowest
+        # address, and each later one with a fresh `mmap`, placed below the one before.
+        address = 0 if self.regions == 1 else _MMAP_TOP - self.regions * _REGION_SPACING
+        chunk = _Chunk(address, region_bytes, self.regions)
         self.chunks[chunk.address] = chunk
         self._insert(chunk)
 
