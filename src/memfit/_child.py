@@ -47,12 +47,15 @@ def open_measurer(
     remat: str | None = None,
     saved_data: str | None = None,
     imports: list[str] | None = None,
+    warm_relaxed: bool = False,
 ) -> Callable[..., dict[str, Any]]:
     """Load a MODEL spec once; return `measure(batch_size, repeats)` for this process.
 
     `saved_data` is a folder written by `tf.data.Dataset.save` (samples a parent process
     chose), used instead of a `data` spec. `imports`: packages to import first, so that a
-    saved model's classes are registered (keras_hub models, say).
+    saved model's classes are registered (keras_hub models, say). `warm_relaxed`: trace the
+    shared relaxed step now (`Workload.warm_relaxed`), so that a first
+    `measure(..., exact=False)` costs only the graph's optimisation and its steps.
     """
     for name in imports or []:
         importlib.import_module(name)
@@ -86,6 +89,8 @@ def open_measurer(
         )
         if workload.model.optimizer is not None and not workload.model.optimizer.built:
             workload.model.optimizer.build(workload.model.trainable_variables)
+        if warm_relaxed:
+            workload.warm_relaxed()
     except Exception as exc:
         if not tfb.is_oom(exc):
             raise
@@ -108,20 +113,65 @@ def open_measurer(
 
     budget = emulated_budget()
 
-    def measure(batch_size: int, repeats: int, exact: bool = True) -> dict[str, Any]:
+    def measure(
+        batch_size: int, repeats: int, exact: bool = True, restore: bool = True
+    ) -> dict[str, Any]:
         _check_batch_size(batch_size)
         tfb.require_memory_stats(device)
-        return measure_workload(
-            workload,
-            int(batch_size),
-            repeats=repeats,
-            device=device,
-            budget=budget,
-            micro_batches=micro_batches,
-            exact=exact,
-        ).to_dict()
+        with _stall_exits(device, info["current"] if info else 0):
+            return measure_workload(
+                workload,
+                int(batch_size),
+                repeats=repeats,
+                device=device,
+                budget=budget,
+                micro_batches=micro_batches,
+                exact=exact,
+                restore=restore,
+            ).to_dict()
 
     return measure
+
+
+# Where the call being answered writes its result. `main` runs as `__main__` and fills the
+# list of the imported `memfit._child`, the module the handlers come from.
+_answer_path: list[str] = []
+
+
+def _stall_exits(device: str, resident: int) -> Any:
+    """Around a measurement in this child: when the step stalls in TensorFlow's allocator
+    retry (an OOM is then certain, see `AllocatorStallWatch`), answer OOM now and end the
+    process instead of waiting out the 10 s retry. The child is used up after an OOM anyway."""
+    import contextlib
+
+    from memfit.backend import tf as tfb
+    from memfit.sizes import format_size
+
+    if not _answer_path or not tfb.allocator_stall_detectable(device):
+        return contextlib.nullcontext()
+
+    def answer_oom() -> None:
+        info = tfb.memory_info(device) or {}
+        _write(
+            _answer_path[-1],
+            {
+                "result": {
+                    "hung_after_oom": True,
+                    "allocator_stall": True,
+                    "max_in_use_bytes": info.get("peak"),
+                    "resident_bytes": resident,
+                    "oom_message": (
+                        f"an allocation waited for memory with "
+                        f"{format_size(info.get('current', 0))} in use and nothing left "
+                        f"running to free any"
+                    ),
+                }
+            },
+        )
+        sys.stderr.flush()
+        os._exit(0)
+
+    return tfb.AllocatorStallWatch(answer_oom)
 
 
 def dataset_size(spec: str) -> int:
@@ -173,6 +223,7 @@ def _function(spec: str) -> Callable[..., Any]:
 def main(argv: list[str]) -> int:
     with open(argv[1]) as handle:
         job = json.load(handle)
+    answer_path = importlib.import_module("memfit._child")._answer_path
 
     def prepare() -> Any:
         import memfit  # noqa: F401 - applies MEMFIT_MEMORY before TensorFlow initialises
@@ -182,6 +233,7 @@ def main(argv: list[str]) -> int:
         return _function(job["function"])(**job["kwargs"])
 
     if not job.get("serve"):
+        answer_path.append(job["result"])
         _write(job["result"], _payload(prepare))
         return 0
     # Serving: the function returned a handler; answer one request per stdin line.
@@ -192,6 +244,7 @@ def main(argv: list[str]) -> int:
         return 0
     for line in sys.stdin:
         request = json.loads(line)
+        answer_path.append(request["result"])
         _write(request["result"], _payload(lambda r=request: handler[0](**r["kwargs"])))
     return 0
 

@@ -433,8 +433,13 @@ def measurement_from_child(result: dict[str, Any], batch_size: int, budget: Budg
             resident_bytes=result["resident_bytes"] or 0,
             step_seconds=None,
             oom_message=(result["oom_message"] or "OOM")
-            + " (TensorFlow kept retrying refused allocations, 10 s each; the child process "
-            "was stopped)",
+            + (
+                " (TensorFlow would raise the OOM after its 10 s allocator retry; the child "
+                "answered at once)"
+                if result.get("allocator_stall")
+                else " (TensorFlow kept retrying refused allocations, 10 s each; the child "
+                "process was stopped)"
+            ),
             budget=budget,
         )
     budget_data = result.pop("budget", None)

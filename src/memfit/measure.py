@@ -223,11 +223,15 @@ def measure_workload(
     progress: Callable[[str], None] = lambda _text: None,
     micro_batches: int = 1,
     exact: bool = True,
+    restore: bool = True,
 ) -> Measurement:
     """Measure a prepared Workload (see `measure`); reuses its ranked samples and traces.
 
     `exact=False` measures with one trace shared by all batch sizes (see
     `Workload.train_function`): faster across many sizes, peaks a few percent high.
+    `restore=False` leaves the steps' updates in place (for a throwaway process: no copy of
+    the state is kept, and the variables keep their buffers, so the allocator's layout is
+    what training would have).
     """
     tf = tfb.import_tf()
     model = workload.model
@@ -237,7 +241,7 @@ def measure_workload(
 
     gc.collect()
     resident = tfb.memory_info(device)["current"]  # type: ignore[index]
-    saved = [np.array(v.numpy(), copy=True) for v in state]
+    saved = [np.array(v.numpy(), copy=True) for v in state] if restore else None
 
     result = Measurement(
         batch_size=int(batch_size),
@@ -315,7 +319,8 @@ def measure_workload(
                 result.peaks_bytes.append(peak)
             del data, x, y
     finally:
-        _restore(state, saved)
+        if saved is not None:
+            _restore(state, saved)
         del saved, step
         gc.collect()
     if not result.oom:

@@ -316,6 +316,17 @@ class Workload:
                 self._relaxed.add(key)
         return self._relaxed_function
 
+    def warm_relaxed(self) -> None:
+        """Trace the shared relaxed step now (Python only: nothing runs, nothing is allocated).
+
+        A later `train_function(exact=False)` step then pays only TensorFlow's optimisation
+        of the graph (on the function's first run) and the step itself; the allocator is
+        left as fresh as it was.
+        """
+        x, y = self.batch(1)
+        self.train_function((x, y), exact=False)
+        del x, y
+
     def state_variables(self) -> list[Any]:
         """Every variable a training step can change: weights, optimizer, metrics, RNG."""
         seen: set[int] = set()

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
+import time
+from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
@@ -319,6 +322,96 @@ class ScalarWriter:
     def flush(self) -> None:
         """Push what was written to disk."""
         self._writer.flush()
+
+
+# TensorFlow's BFC allocator waits this long for memory to be returned before it refuses an
+# allocation (`kMaxMillisToWait` in bfc_allocator.cc); the CPU allocator has no switch for it.
+ALLOCATOR_RETRY_SECONDS = 10.0
+
+
+def allocator_stall_detectable(device: str) -> bool:
+    """Whether `AllocatorStallWatch` can tell an allocation waiting for memory on `device`.
+
+    Only for a step on the CPU (a GPU step leaves the CPU threads asleep while kernels run)
+    on Linux (thread states come from /proc).
+    """
+    return device.upper().startswith("CPU") and os.path.isdir("/proc/self/task")
+
+
+class AllocatorStallWatch:
+    """Notices a CPU step stalled in TensorFlow's allocator retry, seconds before its OOM.
+
+    When the BFC allocator cannot serve a request it waits up to 10 s for another thread to
+    return memory, then raises `ResourceExhaustedError`. If meanwhile no thread of the process
+    runs, nothing can return memory and the OOM is certain. This watch samples the process's
+    threads (other than its own) every `interval` seconds; when none has been running or in
+    disk wait and none has used CPU time for `window` seconds, it calls `on_stall` once.
+    Use it only around work that computes on the CPU without pauses (a training step), with
+    `allocator_stall_detectable`.
+
+    Args:
+        on_stall: called from the watch's thread when the stall is seen (it may end the
+            process).
+        window: seconds of a fully idle process that count as a stall.
+        interval: seconds between samples.
+
+    Example:
+        ```python
+        with AllocatorStallWatch(lambda: report_oom_and_exit()):
+            step(batch)
+        ```
+    """
+
+    def __init__(
+        self, on_stall: Callable[[], None], window: float = 1.5, interval: float = 0.1
+    ) -> None:
+        self.on_stall, self.window, self.interval = on_stall, window, interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="memfit-stall-watch", daemon=True)
+        self.stalled = False
+
+    def __enter__(self) -> AllocatorStallWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        own = str(threading.get_native_id())
+        quiet_since: float | None = None
+        last_cpu: int | None = None
+        while not self._stop.wait(self.interval):
+            busy, cpu = _threads_busy(own)
+            now = time.monotonic()
+            if busy or last_cpu is None or cpu != last_cpu:
+                quiet_since = None
+            elif quiet_since is None:
+                quiet_since = now
+            elif now - quiet_since >= self.window:
+                self.stalled = True
+                self.on_stall()
+                return
+            last_cpu = cpu
+
+
+def _threads_busy(exclude: str) -> tuple[bool, int]:
+    """Whether any thread of this process but `exclude` runs (or waits on disk), and the
+    CPU ticks they used."""
+    busy, ticks = False, 0
+    for tid in os.listdir("/proc/self/task"):
+        if tid == exclude:
+            continue
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as handle:
+                stat = handle.read()
+        except OSError:  # the thread ended meanwhile
+            continue
+        fields = stat[stat.rfind(")") + 2 :].split()
+        busy = busy or fields[0] in ("R", "D")
+        ticks += int(fields[11]) + int(fields[12])
+    return busy, ticks
 
 
 def device_memory_limit(device: str) -> int | None:
