@@ -22,7 +22,7 @@ def mobilenet(size):
     return model
 
 out = {}
-# 1. In process: the model is searched here; the deciding trials run in fresh children.
+# 1. In process: the model is given here; the trials run on a saved copy in a child.
 model = mobilenet(64)
 model.optimizer.build(model.trainable_variables)
 state = lambda: [np.array(v.numpy()) for v in model.variables + model.optimizer.variables]
@@ -84,25 +84,27 @@ def searches():
 
 
 @pytest.mark.slow
-def test_search_brackets_the_limit_with_real_ooms_in_fresh_processes(searches):
+def test_search_brackets_the_limit_with_real_ooms(searches):
     result = searches["search"]
     size, failing = result["batch_size"], result["failing_batch_size"]
     assert 8 < size < 96 and result["stopped_by"] == "bracket"
-    assert result["decided_in"] == "fresh_processes"
-    # Bracketed by deciding trials (exact trace, fresh process): size fits, size + 1 fails.
+    assert result["decided_in"] == "child_process"
+    # Bracketed by the two deciding trials: size fits, size + 1 runs out of memory.
     assert failing == size + 1
     decided = {t["batch_size"]: t for t in result["trials"] if t["deciding"]}
+    assert sorted(decided) == [size, failing]
     assert decided[size]["fits"] and decided[size]["peak_bytes"] <= BUDGET_MIB * 2**20
     assert decided[failing]["oom"] and not decided[failing]["fits"]
-    # Few trials: a handful of cheap calibration sizes, then pairs of deciding ones side by
-    # side (doubling + bisection from 2 would need about 11 sequential trials here).
-    deciding = sum(t["deciding"] for t in result["trials"])
-    assert len(result["trials"]) - deciding <= 6 and deciding <= 8
+    # Few trials, predicted from the peaks (doubling + bisection from 2 would need about 11
+    # here); every size at most once, and the first trial ran in a fresh process.
+    sizes = [t["batch_size"] for t in result["trials"]]
+    assert len(sizes) <= 8 and len(set(sizes)) == len(sizes)
+    assert result["trials"][0]["fresh"]
 
 
 @pytest.mark.slow
 def test_size_found_runs_in_an_independent_fresh_process(searches):
-    # The search's own fresh trials showed size fitting and size + 1 failing (test above).
+    # The search's own trials showed size fitting and size + 1 failing (test above).
     # Independently, in another fresh process, the size found less the default 5% margin
     # runs. At margin 0 the answer is exact for the processes that measured it, but the peak
     # of the same step moves between processes (the executor's op order is fixed per
@@ -141,8 +143,8 @@ def test_a_dataset_with_one_huge_image_is_searched_with_it(searches):
     # sample's (32 px).
     step_one = batch_one["peak_bytes"] - huge["resident"]
     assert batch_one["batch_size"] == 1 and step_one > 2 * huge["first_step"]
-    # Capped by the dataset's 30 samples; the huge image makes 30 too many. The deciding
-    # trials (fresh processes) were given the huge image too.
+    # Capped by the dataset's 30 samples; the huge image makes 30 too many. The child that
+    # measured was given the huge image too.
     assert 1 <= huge["batch_size"] < 30 and huge["failing_batch_size"] is not None
     assert any(t["deciding"] and t["oom"] for t in huge["trials"])
 

@@ -345,8 +345,8 @@ def _margin(_ctx: click.Context, _param: click.Parameter, value: float) -> float
 @click.option(
     "--in-process",
     is_flag=True,
-    help="Run all trials in this process (faster; by default each trial runs in a "
-    "fresh child process).",
+    help="Load MODEL in this process too; the trials run on a saved copy in a child "
+    "process (a model that cannot be saved is measured in this process).",
 )
 @model_options
 @budget_options

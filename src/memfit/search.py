@@ -25,17 +25,21 @@ PROBE_BATCH = 4
 FAR_SHORTFALL = 0.08
 # A calibration trial goes at most this many times further than the largest size measured.
 CALIBRATION_GROWTH = 3
+# Near the limit, the next size goes at most this share further than the largest that fits
+# (a prediction can overshoot: an OOM costs a trial in a fresh process).
+NEAR_STEP = 0.125
 # An in-process search with a dataset hands its largest samples, at most this many, to the
-# fresh processes of the deciding trials.
-FRESH_SAMPLES = 512
+# child process that measures.
+CHILD_SAMPLES = 512
 
 
 @dataclass
 class Trial:
     """One measured batch size in a search.
 
-    `deciding`: traced for its exact shape and measured in a fresh process (the trials the
-    answer rests on); otherwise a calibration trial on the shared relaxed trace.
+    `fresh`: the first trial of a fresh process (later ones run on an allocator that earlier
+    trials used). `deciding`: one of the two trials the answer rests on (the largest size
+    that fits, the smallest that fails).
     """
 
     batch_size: int
@@ -45,6 +49,7 @@ class Trial:
     predicted_peak_bytes: int | None = None
     fits: bool = False
     deciding: bool = False
+    fresh: bool = False
 
 
 @dataclass
@@ -65,8 +70,8 @@ class BatchSearchResult:
         worst_case_samples: trials used the dataset's largest samples.
         largest_sample: shapes of that largest sample, when a dataset was given.
         seconds: wall time of the search.
-        decided_in: `"fresh_processes"` (the deciding trials each ran in a new process) or
-            `"this_process"` (the model could not be saved for a child).
+        decided_in: `"child_process"` (the trials ran in a child process, replaced after an
+            OOM) or `"this_process"` (the model could not be saved for a child).
     """
 
     batch_size: int
@@ -80,7 +85,7 @@ class BatchSearchResult:
     worst_case_samples: bool = False
     largest_sample: dict[str, Any] | None = None
     seconds: float = 0.0
-    decided_in: str = "fresh_processes"
+    decided_in: str = "child_process"
 
     @property
     def headroom_bytes(self) -> int | None:
@@ -154,24 +159,23 @@ def find_batch_size(
 ) -> BatchSearchResult:
     """Find the largest batch size whose training step fits the budget, from measurements.
 
-    Calibration: peaks measured at batch 1 and 4, then at sizes at most 3x further each time
-    towards the predicted limit (aiming a little short), give the step's memory per sample;
-    these trials share one trace with a relaxed batch dimension (cheap, in this process or
-    one child). Deciding: the predicted largest size and the one above it are each traced
-    exactly (the graph `memfit.fit` runs) and measured in a fresh child process, side by side;
-    those processes start while the calibration runs, so they are ready when needed. A miss
-    narrows the bracket (just below an overshoot, then thirds of what is left) until a size
-    that fits and one that fails are next to each other (or within the margin), both measured
-    in fresh processes: the answer holds for a fresh process, as the user's training is.
-    Peaks that are not linear in the batch size (kernels and workspaces change with size)
-    cost rounds, never the answer.
+    Peaks measured at batch 1 and 4 give the step's memory per sample; each next size is
+    predicted from the peaks so far: far from the limit a little short of it and at most 3x
+    further (peaks are not linear in the batch: a long extrapolation can be far off), near it
+    the largest size predicted to fit (at most 1/8 further), until a size that fits and one
+    that fails are next to each other (or within the margin). A surprise peak or an OOM only
+    narrows the bracket. Each trial is a warm-up and a measured step; the trials share one
+    trace with a relaxed batch dimension (traced once, while the child starts) and run one
+    after the other in one child process, which leaves their updates in place (the allocator
+    sees what training would). A step that runs out of memory is answered as soon as it
+    stalls in TensorFlow's allocator retry (`AllocatorStallWatch`), and the next trial runs in
+    a spare child started when the sizes got near the limit.
 
-    The model is never trained: calibration trials restore every variable bit for bit (see
-    `memfit.measure`); with `isolated=True` the model in this process is not touched at all.
-    The deciding trials of an in-process search run on a saved copy of the model (and of the
-    dataset's largest samples); a model that cannot be saved is decided in this process
-    instead (`decided_in == "this_process"`; after OOMs, this process's allocator is
-    fragmented and may fail sizes a fresh process fits).
+    The model in this process is never touched: the child loads the MODEL string
+    (`isolated=True`) or a saved copy of the model (and of the dataset's largest samples). A
+    model that cannot be saved is measured in this process (`decided_in == "this_process"`):
+    every variable is restored bit for bit after each trial (see `memfit.measure`), and after
+    an OOM this process's allocator is fragmented and may fail sizes a fresh process fits.
 
     Args:
         model: a compiled Keras model, or a MODEL string with `isolated=True`.
@@ -186,9 +190,8 @@ def find_batch_size(
         input_shape: shape of one sample for models with undefined input dimensions.
         optimizer: optimizer to compile with (default: the model's own, else Adam).
         loss: loss to compile with (default: the model's own).
-        isolated: run the calibration in a child process that builds the model once and
-            measures size after size (replaced after an OOM), so this process needs no
-            TensorFlow state and its model is not touched.
+        isolated: `model` is a MODEL string the child loads, so this process needs no
+            TensorFlow state at all.
         on_trial: called with each `Trial` as it completes (progress displays).
 
     Returns:
@@ -225,13 +228,15 @@ def find_batch_size(
 
 
 class _TrialRunner:
-    """Measures batch sizes: calibration trials in one place, deciding trials in fresh processes.
+    """Measures batch sizes one after the other, in one throwaway process.
 
-    Calibration trials run with one warm-up + one step on a shared, relaxed trace, in this
-    process or (isolated) in one child that is replaced after an OOM. Deciding trials each run
-    in a fresh child process that was started ahead (TensorFlow imported, model loaded, while
-    the calibration ran) and is closed after its one trial; two run side by side. When the
-    model cannot travel to a child (it cannot be saved), deciding trials run in this process.
+    The trials share one trace with a relaxed batch dimension (traced once, then each size
+    costs only its steps) and leave their updates in place: nothing is copied, the variables
+    keep their buffers, so the allocator sees what training would. They run in a child
+    process — one that loads the MODEL string (`isolated=True`), or a saved copy of an
+    in-process model and of the dataset's largest samples — that is replaced after an OOM.
+    A model that cannot be saved is measured in this process instead, its state restored
+    after every trial.
     """
 
     def __init__(
@@ -245,35 +250,33 @@ class _TrialRunner:
         isolated: bool,
         worst_case: bool,
     ) -> None:
-        from memfit.isolate import ChildWorker, _shapes, check_child_arguments, save_for_child
+        from memfit.isolate import _shapes, check_child_arguments, save_for_child
 
-        self.isolated = isolated
         self.budget = budget
         self.worst_case = worst_case
         self._tmp = tempfile.TemporaryDirectory(prefix="memfit-search-")
         self.dataset_size: int | None = None
         self.largest_sample: dict[str, Any] | None = None
         self.resident_bytes: int | None = None
-        self.worker: ChildWorker | None = None
-        self.fresh: _FreshWorkers | None = None
-        self.fresh_note: str | None = None
+        self.worker: Any = None
+        self.spare: Any = None
+        self._worker_trials = 0
+        self._child_kwargs: dict[str, Any] | None = None
+        self.note: str | None = None
         shapes = [list(s) for s in _shapes(input_shape)] if input_shape else None
         if isolated:
             model_spec = model if isinstance(model, str) else save_for_child(model, self._tmp.name)
             check_child_arguments(optimizer, loss, data)
-            child_kwargs = {
-                "spec": model_spec,
-                "data": data,
-                "input_shape": shapes,
-                "optimizer": optimizer,
-                "loss": loss,
-                "worst_case": worst_case,
-            }
-            # One child loads the model once and measures the calibration sizes; after an OOM
-            # it is replaced, so the next trial starts on a fresh allocator.
-            self.worker = ChildWorker("memfit._child:open_measurer", child_kwargs, budget=budget)
-            self.worker.start()
-            self.fresh = _FreshWorkers(child_kwargs, budget)
+            self._start_child(
+                {
+                    "spec": model_spec,
+                    "data": data,
+                    "input_shape": shapes,
+                    "optimizer": optimizer,
+                    "loss": loss,
+                    "worst_case": worst_case,
+                }
+            )
             if data is not None:
                 self.dataset_size = _child_dataset_size(data)
             return
@@ -294,23 +297,17 @@ class _TrialRunner:
         if data is not None:
             self.dataset_size = len(self.workload.ranked_samples())
             self.largest_sample = self.workload.largest_sample()
-        self.fresh = self._fresh_for_model(model, shapes)
-
-    def _fresh_for_model(self, model: Any, shapes: Any) -> _FreshWorkers | None:
-        """Fresh children for the deciding trials of an in-process search, if the model travels."""
-        from memfit.isolate import save_for_child
-
         try:
             spec = save_for_child(model, self._tmp.name)
         except MemfitError as exc:
-            self.fresh_note = f"decided in this process: {exc}"
-            return None
+            self.note = f"measured in this process: {exc}"
+            return
         saved_data = None
         if self.workload.data is not None:
             saved_data = os.path.join(self._tmp.name, "samples")
             self._save_largest_samples(saved_data)
         # The saved model carries its compiled optimizer and loss.
-        return _FreshWorkers(
+        self._start_child(
             {
                 "spec": spec,
                 "data": None,
@@ -320,19 +317,42 @@ class _TrialRunner:
                 "loss": None,
                 "worst_case": self.worst_case,
                 "imports": _packages_of(model),
-            },
-            self.budget,
+            }
         )
 
+    @property
+    def in_child(self) -> bool:
+        """Whether the trials run in a child process (else in this one)."""
+        return self.worker is not None
+
+    def _start_child(self, kwargs: dict[str, Any]) -> None:
+        # The child traces the relaxed step while this process goes on (ranking samples, say)
+        # or, for a spare, while other trials run: its first trial then costs only the
+        # graph's optimisation and the steps.
+        self._child_kwargs = {**kwargs, "warm_relaxed": True}
+        self.worker = self._new_child()
+
+    def _new_child(self) -> Any:
+        from memfit.isolate import ChildWorker
+
+        worker = ChildWorker("memfit._child:open_measurer", self._child_kwargs, budget=self.budget)
+        worker.start()
+        return worker
+
+    def expect_oom(self) -> None:
+        """The next trials may run out of memory: get a spare child ready to take over (an
+        OOM leaves the child's allocator fragmented, and a child that stalled has exited)."""
+        if self.worker is not None and self.spare is None:
+            self.spare = self._new_child()
+
     def _save_largest_samples(self, path: str) -> None:
-        """The dataset's largest samples, largest first, for the children (`Dataset.save`)."""
+        """The dataset's largest samples, largest first, for the child (`Dataset.save`)."""
         tf = tfb.import_tf()
         dataset = self.workload.data
         ranked = self.workload.ranked_samples()
-        # Largest first (the children rank them again, in the same order), else the first ones.
-        keep = (
-            ranked[:FRESH_SAMPLES] if self.worst_case else list(range(len(ranked)))[:FRESH_SAMPLES]
-        )
+        # Largest first (the child ranks them again, in the same order), else the first ones.
+        keep = ranked[:CHILD_SAMPLES] if self.worst_case else list(range(len(ranked)))
+        keep = keep[:CHILD_SAMPLES]
         wanted = set(keep)
         chosen: dict[int, Any] = {}
         for index, sample in enumerate(dataset):
@@ -343,10 +363,14 @@ class _TrialRunner:
         )
         ordered.save(path)
 
-    def calibrate(self, batch_size: int) -> Measurement:
-        """A calibration trial: the shared relaxed trace, in this process or the one child."""
+    def measure(self, batch_size: int) -> tuple[Measurement, bool]:
+        """One trial: a warm-up and a measured step of `batch_size` on the relaxed trace.
+
+        Returns the measurement and whether it was the first trial of a fresh process (the
+        allocator's history of earlier trials moves the limit by a sample or two).
+        """
         if self.worker is None:
-            return measure_workload(
+            m = measure_workload(
                 self.workload,
                 batch_size,
                 repeats=1,
@@ -354,51 +378,37 @@ class _TrialRunner:
                 budget=self.budget,
                 exact=False,
             )
+            return m, False
         from memfit.isolate import measurement_from_child
 
+        fresh = self._worker_trials == 0
+        self._worker_trials += 1
         try:
-            result = self.worker.call(batch_size=int(batch_size), repeats=1, exact=False)
+            result = self.worker.call(
+                batch_size=int(batch_size), repeats=1, exact=False, restore=False
+            )
         except MemfitError:
             self.worker.close()
             raise
         measurement = measurement_from_child(result, int(batch_size), self.budget)
-        if measurement.oom:
-            self.worker.close()
         if self.resident_bytes is None and self.worker.resident is not None:
             self.resident_bytes = self.worker.resident
-        return measurement
+        if measurement.oom:
+            self._take_spare()
+        return measurement, fresh
 
-    def warm(self) -> None:
-        """Start the deciding trials' processes now (they get ready while calibration runs)."""
-        if self.fresh is not None:
-            self.fresh.warm()
-
-    def end_calibration(self) -> None:
-        """Free the calibration child (its CPU and memory go to the deciding trials)."""
-        if self.worker is not None:
-            self.worker.close()
-
-    def decide(self, sizes: list[int], more: bool) -> list[tuple[Measurement, float]]:
-        """Deciding trials: each size traced exactly in a fresh process, side by side.
-
-        `more`: more rounds are likely, so the next round's processes start right away.
-        """
-        if self.fresh is not None:
-            return self.fresh.measure(sizes, more)
-        results = []
-        for size in sizes:
-            start = time.perf_counter()
-            m = measure_workload(
-                self.workload, size, repeats=1, device=self.device, budget=self.budget
-            )
-            results.append((m, time.perf_counter() - start))
-        return results
+    def _take_spare(self) -> None:
+        """Go on in a fresh process (the spare, if one was started): after an OOM."""
+        if self.worker is None or self._worker_trials == 0:
+            return
+        self.worker.shutdown(kill=True)
+        self.worker, self.spare = self.spare or self._new_child(), None
+        self._worker_trials = 0
 
     def close(self) -> None:
-        if self.worker is not None:
-            self.worker.shutdown()
-        if self.fresh is not None:
-            self.fresh.shutdown()
+        for worker in (self.worker, self.spare):
+            if worker is not None:
+                worker.shutdown(kill=True)
         self._tmp.cleanup()
 
 
@@ -408,61 +418,6 @@ def _packages_of(model: Any) -> list[str]:
     layers = [model, *getattr(model, "_flatten_layers", lambda: [])()]
     names = {type(layer).__module__.split(".")[0] for layer in layers}
     return sorted(names - {"keras", "builtins", "__main__"})
-
-
-class _FreshWorkers:
-    """Child processes started ahead of need, each used for one deciding trial, then closed.
-
-    A deciding trial's cost is mostly start-up (importing TensorFlow, building the model),
-    which these children pay while the calibration runs; two trials then run side by side
-    (tracing is single-threaded Python and TensorFlow's 10 s wait before an OOM is raised is
-    idle time, so two overlap well even on two cores).
-    """
-
-    def __init__(self, kwargs: dict[str, Any], budget: Budget, count: int = 2) -> None:
-        self.kwargs, self.budget, self.count = kwargs, budget, count
-        self.spare: list[Any] = []
-
-    def warm(self) -> None:
-        from memfit.isolate import ChildWorker
-
-        while len(self.spare) < self.count:
-            worker = ChildWorker("memfit._child:open_measurer", self.kwargs, budget=self.budget)
-            worker.start()
-            self.spare.append(worker)
-
-    def measure(self, sizes: list[int], more: bool = False) -> list[tuple[Measurement, float]]:
-        """One trial per size, each in its own fresh process; `more` starts the next ones now
-        (they import TensorFlow while these trace, and while an OOM waits out TensorFlow's
-        10 s allocator retry)."""
-        from memfit.isolate import measurement_from_child
-
-        self.count = max(self.count, len(sizes))
-        self.warm()
-        workers = [self.spare.pop(0) for _ in sizes]
-        try:
-            started = time.perf_counter()
-            tickets = [
-                w.submit(batch_size=int(s), repeats=1, exact=True)
-                for w, s in zip(workers, sizes, strict=True)
-            ]
-            if more:
-                self.warm()
-            results = []
-            for worker, ticket, size in zip(workers, tickets, sizes, strict=True):
-                raw = worker.collect(ticket)
-                m = measurement_from_child(raw, int(size), self.budget)
-                results.append((m, time.perf_counter() - started))
-        finally:
-            for worker in workers:
-                worker.shutdown()
-        return results
-
-    def shutdown(self) -> None:
-        # Unused: stopped at once (one still importing TensorFlow would not read its stdin).
-        for worker in self.spare:
-            worker.shutdown(kill=True)
-        self.spare = []
 
 
 def _child_dataset_size(spec: str) -> int:
@@ -491,188 +446,106 @@ def _search(
         limit_bytes=limit,
         worst_case_samples=run.worst_case,
         largest_sample=run.largest_sample,
-        decided_in="this_process" if run.fresh is None else "fresh_processes",
+        decided_in="child_process" if run.in_child else "this_process",
     )
-    peaks: dict[int, int] = {}  # calibration sizes that fit -> measured peak (relaxed trace)
+    peaks: dict[int, int] = {}  # sizes that fit -> measured peak
 
-    def record(
-        size: int, m: Measurement, predicted: int | None, seconds: float, fresh: bool
-    ) -> bool:
+    def trial(size: int, predicted: int | None) -> bool:
+        start = time.perf_counter()
+        m, fresh = run.measure(size)
         ok = not m.oom and m.peak_bytes is not None and m.peak_bytes <= limit
-        t = Trial(size, m.oom, m.peak_bytes, seconds, predicted, ok, deciding=fresh)
+        t = Trial(size, m.oom, m.peak_bytes, time.perf_counter() - start, predicted, ok)
+        t.fresh = fresh
         result.trials.append(t)
         if run.resident_bytes is None:
             run.resident_bytes = m.resident_bytes
+        if ok:
+            peaks[size] = int(m.peak_bytes)  # type: ignore[arg-type]
         if on_trial is not None:
             on_trial(t)
         return ok
 
-    def calibrate(size: int, predicted: int | None) -> bool:
-        start = time.perf_counter()
-        m = run.calibrate(size)
-        ok = record(size, m, predicted, time.perf_counter() - start, False)
-        if ok:
-            peaks[size] = int(m.peak_bytes)  # type: ignore[arg-type]
-        return ok
-
-    # Calibration: batch 1, a probe a few samples away (batch 2's peak differs from batch 1's
-    # by little more than the allocator's jitter), then a size a little short of the limit the
-    # two predict, so that the slope spans nearly the whole range.
-    if not calibrate(1, None):
+    # Batch 1, a probe a few samples away (batch 2's peak differs from batch 1's by little
+    # more than the allocator's jitter), then sizes predicted from the peaks: far from the
+    # limit a little short of it and at most 3x further, near it right at it, until a size
+    # that fits and one that fails are next to each other (or within the margin).
+    if not trial(1, None):
         result.stopped_by = "nothing_fits"
         result.failing_batch_size = 1
         result.peak_bytes = result.trials[0].peak_bytes
         _explain_if_weights_alone_exceed(run, budget)
         return result
-    lo, hi = 1, None  # calibration: largest fitting, smallest failing
+    lo, hi = 1, None  # largest size that fits, smallest that fails
     if cap >= 2:
         probe = min(cap, PROBE_BATCH)
-        if calibrate(probe, None):
+        if trial(probe, None):
             lo = probe
         else:
             hi = probe
-    # Then towards the predicted limit, at most CALIBRATION_GROWTH times further each time
-    # (peaks are not linear in the batch: a long extrapolation can be far off), until the
-    # limit is predicted within reach of what was measured.
-    while lo < cap and hi is None:
-        guess, predicted = _next_guess(peaks, lo, hi, cap, limit, result.trials)
-        if predicted is not None and guess <= lo + max(1, lo // 2):
-            break  # close enough: the deciding trials take it from here
-        slope = _slope(peaks)
-        if slope > 0 and 2 * guess >= lo + (limit - peaks[lo]) / slope:
-            # Likely the last calibration trial: the deciding trials' processes start now and
-            # get ready meanwhile (earlier, they would slow the calibration on a small CPU).
-            run.warm()
-        if calibrate(guess, predicted):
+    while True:
+        if lo >= cap:
+            result.stopped_by = capped_by
+            break
+        if hi is not None and hi - lo <= max(1, math.floor(margin * lo)):
+            break
+        guess, predicted = _next_guess(peaks, lo, hi, cap, limit)
+        if hi is not None or _near(peaks, limit):
+            run.expect_oom()
+        if trial(guess, predicted):
             lo = guess
         else:
             hi = guess
-    run.end_calibration()
-    run.warm()
-
-    # Deciding: every size the answer rests on is traced exactly (the graph memfit.fit runs)
-    # and measured in a fresh process, two sizes at a time, until a fitting size and a failing
-    # one are next to each other (or within the margin).
-    fits: dict[int, int] = {}  # deciding sizes that fit -> measured peak
-    fails: set[int] = set()
-    misses, overshot = 0, False
-    while True:
-        hi_x = min(fails, default=None)
-        # A size that failed below one that fitted: the allocator's jitter; trust the failure.
-        lo_x = max((s for s in fits if hi_x is None or s < hi_x), default=0)
-        if hi_x == 1:
-            result.stopped_by = "nothing_fits"
-            result.failing_batch_size = 1
-            result.peak_bytes = next(t.peak_bytes for t in result.trials if t.deciding)
-            return result
-        if lo_x >= cap:
-            result.stopped_by = capped_by
-            break
-        if hi_x is not None and lo_x and hi_x - lo_x <= max(1, math.floor(margin * lo_x)):
-            break
-        sizes, predicted = _deciding_sizes(
-            peaks, fits, lo_x, hi_x, lo, hi, cap, limit, misses, overshot
-        )
-        for size, (m, seconds) in zip(sizes, run.decide(sizes, misses > 0), strict=True):
-            predicted_peak = predicted(size)
-            if record(size, m, predicted_peak, seconds, True):
-                fits[size] = int(m.peak_bytes)  # type: ignore[arg-type]
-            else:
-                fails.add(size)
-        misses += 1
-        overshot = all(size in fails for size in sizes)
-    result.batch_size = lo_x
-    result.peak_bytes = fits[lo_x]
-    result.failing_batch_size = hi_x
+    result.batch_size = lo
+    result.peak_bytes = peaks[lo]
+    result.failing_batch_size = hi
+    # The answer rests on the last trial of each size of the bracket.
+    for size in (lo, hi):
+        last = next((t for t in reversed(result.trials) if t.batch_size == size), None)
+        if last is not None:
+            last.deciding = True
     return result
 
 
-def _deciding_sizes(
-    peaks: dict[int, int],
-    fits: dict[int, int],
-    lo_x: int,
-    hi_x: int | None,
-    lo: int,
-    hi: int | None,
-    cap: int,
-    limit: int,
-    misses: int,
-    overshot: bool,
-) -> tuple[list[int], Callable[[int], int | None]]:
-    """The next deciding sizes: the predicted limit and the size above it, first.
-
-    The slope comes from the deciding trials once two that fitted are far enough apart, else
-    from the calibration; it is anchored at the largest size that fitted in a deciding trial
-    (an exact trace peaks a little below the shared relaxed one), else at the largest
-    calibration size. When the first prediction overshot, the two sizes right below the
-    failure come next; after that, the two sizes split what is left of the bracket in three
-    (or are the last two candidates).
-    """
-    lower = lo_x + 1
-    upper = min(cap, hi_x - 1) if hi_x is not None else cap
-    exact_slope = _slope(fits)
-    slope = exact_slope if len(fits) >= 2 and exact_slope > 0 else _slope(peaks)
-    sizes = sorted(peaks)
-    if fits and lo_x:
-        anchor, anchor_peak = lo_x, fits[lo_x]
-    else:
-        anchor, anchor_peak = sizes[-1], peaks[sizes[-1]]
-
-    def predicted(size: int) -> int | None:
-        return int(anchor_peak + slope * (size - anchor)) if slope > 0 else None
-
-    if overshot and misses == 1 and upper - lower >= 2:
-        # The prediction just overshot: the limit is most likely right below the failure.
-        return [upper - 1, upper], predicted
-    # A calibration size that fitted but is not decided yet still counts as a likely floor.
-    floor_ = max([s for s in peaks if lower <= s <= upper], default=lower)
-    if hi_x is not None and misses > 0:
-        if upper - floor_ < 2:
-            return list(range(floor_, upper + 1)), predicted
-        third = (upper - floor_) // 3
-        return [floor_ + third, floor_ + 2 * third + 1], predicted
-    guess: int | None = None
-    if slope > 0:
-        guess = anchor + math.floor((limit - anchor_peak) / slope)
-        if hi is not None and lo_x < hi - 1:
-            guess = min(guess, hi - 1)  # the calibration saw `hi` fail (relaxed: likely)
-    if guess is None:
-        base = max(lo_x, lo)
-        guess = base * 2 if hi_x is None else (base + hi_x) // 2
-    guess = max(lower, min(guess, upper))
-    if guess + 1 <= upper:
-        return [guess, guess + 1], predicted
-    if guess - 1 >= lower:
-        return [guess - 1, guess], predicted
-    return [guess], predicted
-
-
 def _next_guess(
-    peaks: dict[int, int], lo: int, hi: int | None, cap: int, limit: int, trials: list[Trial]
+    peaks: dict[int, int], lo: int, hi: int | None, cap: int, limit: int
 ) -> tuple[int, int | None]:
-    """Next size to try: predicted from the two largest fitting sizes, kept inside the bracket."""
+    """Next size to try, predicted from the measured peaks, kept inside the bracket.
+
+    Far from the limit (more than half again the largest size that fits), the guess aims a
+    little short and goes at most `CALIBRATION_GROWTH` times further: peaks are not linear
+    in the batch, and a size that fits teaches the slope over a longer range, where an OOM
+    would also cost a fresh process. Near the limit it goes for the largest size predicted
+    to fit: peaks there grow more slowly than further down (the allocator's rounding leaves
+    less slack as memory runs short), so that size usually fits and the size above it
+    closes the bracket.
+    """
     upper = min(cap, (hi - 1) if hi is not None else cap)
-    # The slope between the smallest and the largest fitting size: far apart, so the
-    # allocator's jitter (a few MiB) barely moves it, and it follows any curvature.
     sizes = sorted(peaks)
-    predicted_peak: int | None = None
-    guess: int | None = None
     slope = _slope(peaks)
+    guess: int | None = None
     if slope > 0:
         b = sizes[-1]
         reach = (limit - peaks[b]) / slope
-        if reach > 0:
-            # Aim a little short: the trial then fits and gives the slope over the whole
-            # range (an OOM here would teach nothing about the slope).
+        if reach > b / 2:
             reach *= 1 - FAR_SHORTFALL
-        guess = max(lo + 1, min(b + math.floor(reach), CALIBRATION_GROWTH * b))
-    if guess is None or (hi is not None and guess >= hi):
+            guess = b + min(math.floor(reach), (CALIBRATION_GROWTH - 1) * b)
+        else:
+            guess = b + max(1, min(math.floor(reach), math.floor(b * NEAR_STEP)))
+    if guess is None:
         # Prediction unusable (flat or falling peaks): double, or bisect.
         guess = lo * 2 if hi is None else (lo + hi) // 2
     guess = max(lo + 1, min(guess, upper))
-    if slope > 0:
-        predicted_peak = int(peaks[sizes[-1]] + slope * (guess - sizes[-1]))
-    return guess, predicted_peak
+    predicted = int(peaks[sizes[-1]] + slope * (guess - sizes[-1])) if slope > 0 else None
+    return guess, predicted
+
+
+def _near(peaks: dict[int, int], limit: int) -> bool:
+    """Whether the predicted limit is within half again the largest size that fits."""
+    slope = _slope(peaks)
+    if slope <= 0:
+        return False
+    largest = max(peaks)
+    return (limit - peaks[largest]) / slope <= largest / 2
 
 
 def _slope(peaks: dict[int, int]) -> float:
