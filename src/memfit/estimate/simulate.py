@@ -23,7 +23,6 @@ the spread across processes.
 
 from __future__ import annotations
 
-import random
 import re
 from collections import defaultdict, deque
 from dataclasses import dataclass, field
@@ -43,10 +42,7 @@ PHASES = ("forward", "backward", "update")
 # A resource variable's handle tensor (`VarHandleOp`'s 200-byte `ResourceHandle`), one
 # 256-byte chunk per variable for the life of the variable.
 RESOURCE_HANDLE_BYTES = 200
-# `EdgeSet` keeps up to this many edges in insertion order; more go into a hashed set.
-INLINE_EDGES = 4
-# Instantiations of the step the replay plays (see `replay`) and measured steps in each.
-SAMPLES = 1
+# Steps the replay measures after the warm-up (the highest peak counts).
 STEPS = 2
 
 
@@ -79,7 +75,6 @@ class Replay:
     resident_bytes: int = 0
     peak_bytes: int = 0
     activations_kept_bytes: int = 0
-    sample_peaks_bytes: list[int] = field(default_factory=list)
 
 
 _SUFFIX = re.compile(r"_\d+$")
@@ -106,35 +101,24 @@ def phase_of(name: str, op_type: str, optimizer_name: str) -> str:
     return "forward"
 
 
-def replay(graph: Any, warmup: bool = True, samples: int = SAMPLES, steps: int = STEPS) -> Replay:
+def replay(graph: Any, warmup: bool = True, steps: int = STEPS) -> Replay:
     """Replay `graph` (a `memfit.backend.tf_graph.StepGraph`) and find its peak.
 
-    As `memfit.measure` does: variables (weights, optimizer state) and the batch are allocated
-    first, one warm-up step settles the allocator's free chunks, and the highest peak of the
-    next `steps` steps is the step's peak. `step_peak_bytes` is that peak less what was in
-    use before it.
+    As a measuring process gets there: each variable is made as Keras makes it (see
+    `_replay_once`), then the batch; one warm-up step settles the allocator's free chunks,
+    and the highest peak of the next `steps` steps is the step's peak (`memfit.measure`
+    reports the highest of its repeats). `step_peak_bytes` is that peak less what was in
+    use before the steps.
 
-    With one inter-op thread the executor's order is fixed when a process instantiates the
-    step, but not the same in every process: an op with more than four out-edges meets its
-    consumers in address order (`EdgeSet`), which differs from one instantiation to the
-    next, and so does the peak (VGG16 96 px batch 2 Adam: 771, 900 and 1017 MiB in three
-    processes). The replay therefore plays `samples` instantiations (the first in graph
-    order, the others with those edge sets shuffled by a fixed seed) and returns the one with
-    the median peak, which is what the median of several fresh processes measures.
+    Known limit: with one inter-op thread the executor's order is fixed when a process
+    instantiates the step but not the same in every process (an op with more than four
+    out-edges meets its consumers in address order): VGG16 96 px batch 2 Adam measured
+    771, 900 and 1017 MiB in three processes; the replay plays grappler's node order.
     """
-    runs = []
-    for sample in range(max(1, samples)):
-        rng = random.Random(sample) if sample else None
-        runs.append(_replay_once(graph, warmup, steps, rng))
-        if int(graph.inter_op_threads) > 1:
-            break  # the ready-queue replay does not depend on edge order
-    runs.sort(key=lambda run: run.peak_bytes)
-    result = runs[(len(runs) - 1) // 2]
-    result.sample_peaks_bytes = [run.peak_bytes for run in runs]
-    return result
+    return _replay_once(graph, warmup, steps)
 
 
-def _replay_once(graph: Any, warmup: bool, steps: int, rng: random.Random | None) -> Replay:
+def _replay_once(graph: Any, warmup: bool, steps: int) -> Replay:
     bfc = BFC()
     resident: list[Live] = []
     variables: dict[str, int] = {}
@@ -156,7 +140,7 @@ def _replay_once(graph: Any, warmup: bool, steps: int, rng: random.Random | None
     for name, nbytes in zip(graph.arguments, graph.argument_bytes, strict=True):
         handle = bfc.allocate(nbytes)
         resident += _chunk(bfc, handle, nbytes, "inputs", "", name)
-    order = execution_order(graph, rng) if int(graph.inter_op_threads) == 1 else None
+    order = execution_order(graph) if int(graph.inter_op_threads) == 1 else None
     if warmup:
         _run(graph, bfc, variables, order)
     best: Replay | None = None
@@ -176,16 +160,12 @@ def _replay_once(graph: Any, warmup: bool, steps: int, rng: random.Random | None
     return best
 
 
-def execution_order(graph: Any, rng: random.Random | None = None) -> list[int]:
-    """Op indices of `graph` in the order the single-thread executor runs them.
-
-    `rng` shuffles the consumers of ops with more than four out-edges (TensorFlow iterates
-    those `EdgeSet`s by address); None keeps graph order.
-    """
+def execution_order(graph: Any) -> list[int]:
+    """Op indices of `graph` in the order the single-thread executor runs them."""
     ops = graph.ops
-    preds, succs, edges = _dependencies(ops)
+    preds, succs, _ = _dependencies(ops)
     cheap = [op.type in INEXPENSIVE_OPS for op in ops]
-    return single_thread_order(preds, _edge_order(succs, ops, graph, edges, rng), cheap)
+    return single_thread_order(preds, _edge_order(succs, ops, graph), cheap)
 
 
 def _dependencies(ops: list[Any]) -> tuple[list[set[int]], list[list[int]], list[int]]:
@@ -477,12 +457,11 @@ def single_thread_order(
     ends.
 
     Which of several ready successors stays inline follows the order of TensorFlow's
-    out-edges, which the traced graph does not show (grappler rebuilds the graph, and an
-    op's `EdgeSet` with more than four edges iterates by address). Executor traces
-    (`TF_CPP_VMODULE=executor=1`) of MobileNetV2 and ResNet50 steps show the later-made
-    consumer handed to the pool: a convolution's input gradient continues inline and its
-    weight gradient (with that weight's update) waits; `replay` passes successors in
-    reverse graph order to match.
+    out-edges: the order of the consumers' nodes in the graph grappler made (an op's
+    `EdgeSet` with more than four edges iterates by address instead). `replay` passes
+    successors in grappler's node order (`_edge_order`): a convolution's input gradient
+    continues inline and its weight gradient (with that weight's update) waits; Adam's
+    `square(gradient)` continues inline and `gradient - m` waits.
 
     Args:
         preds: each op's predecessors (data and control).
@@ -535,34 +514,20 @@ def single_thread_order(
         inline.append(stack.pop())
 
 
-def _edge_order(
-    succs: list[list[int]],
-    ops: list[Any],
-    graph: Any,
-    edges: list[int],
-    rng: random.Random | None = None,
-) -> list[list[int]]:
+def _edge_order(succs: list[list[int]], ops: list[Any], graph: Any) -> list[list[int]]:
     """Each op's consumers in the order TensorFlow's executor meets them.
 
     That is the order of their nodes in the graph grappler made (`StepGraph.node_rank`);
     ops grappler removed or renamed come after, in traced order. Without that order,
-    consumers go in reverse traced order (what the previous traces matched for
-    convolutions: the input gradient continues inline, the weight gradient waits). An op
-    with more than four out-edges keeps them in a hashed set iterated by address: with
-    `rng`, such consumers are shuffled.
+    consumers go in reverse traced order (what earlier traces matched for convolutions:
+    the input gradient continues inline, the weight gradient waits).
     """
     rank = getattr(graph, "node_rank", None) or {}
-    if rank:
-        missing = len(rank)
-        keys = [rank.get(op.name, missing + i) for i, op in enumerate(ops)]
-        ordered = [sorted(s, key=keys.__getitem__) for s in succs]
-    else:
-        ordered = [s[::-1] for s in succs]
-    if rng is not None:
-        for i, consumers in enumerate(ordered):
-            if edges[i] > INLINE_EDGES:
-                rng.shuffle(consumers)
-    return ordered
+    if not rank:
+        return [s[::-1] for s in succs]
+    missing = len(rank)
+    keys = [rank.get(op.name, missing + i) for i, op in enumerate(ops)]
+    return [sorted(s, key=keys.__getitem__) for s in succs]
 
 
 def _chunk(bfc: BFC, handle: int, nbytes: int, category: str, layer: str, op: str) -> list[Live]:
