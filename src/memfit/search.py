@@ -366,6 +366,10 @@ class _TrialRunner:
     def measure(self, batch_size: int) -> tuple[Measurement, bool]:
         """One trial: a warm-up and a measured step of `batch_size` on the relaxed trace.
 
+        Two steps, not one: near the limit a size's second step can run out of memory where
+        its first fitted (MobileNetV2 64 px under 256 MiB: one-step trials found 36, and
+        `model.fit` ran out of memory at 34; two-step trials find 34 there).
+
         Returns the measurement and whether it was the first trial of a fresh process (the
         allocator's history of earlier trials moves the limit by a sample or two).
         """
@@ -454,8 +458,8 @@ def _search(
         start = time.perf_counter()
         m, fresh = run.measure(size)
         ok = not m.oom and m.peak_bytes is not None and m.peak_bytes <= limit
-        t = Trial(size, m.oom, m.peak_bytes, time.perf_counter() - start, predicted, ok)
-        t.fresh = fresh
+        seconds = time.perf_counter() - start
+        t = Trial(size, m.oom, m.peak_bytes, seconds, predicted, ok, fresh=fresh)
         result.trials.append(t)
         if run.resident_bytes is None:
             run.resident_bytes = m.resident_bytes
@@ -488,8 +492,10 @@ def _search(
             break
         if hi is not None and hi - lo <= max(1, math.floor(margin * lo)):
             break
-        guess, predicted = _next_guess(peaks, lo, hi, cap, limit)
-        if hi is not None or _near(peaks, limit):
+        guess, predicted, near = _next_guess(peaks, lo, hi, cap, limit)
+        # An OOM ends this process's trials: when one is likely and more trials would follow
+        # it, get a fresh process ready meanwhile (not for lo + 1, whose OOM ends the search).
+        if (hi is not None or near) and guess > lo + 1:
             run.expect_oom()
         if trial(guess, predicted):
             lo = guess
@@ -508,7 +514,7 @@ def _search(
 
 def _next_guess(
     peaks: dict[int, int], lo: int, hi: int | None, cap: int, limit: int
-) -> tuple[int, int | None]:
+) -> tuple[int, int | None, bool]:
     """Next size to try, predicted from the measured peaks, kept inside the bracket.
 
     Far from the limit (more than half again the largest size that fits), the guess aims a
@@ -517,16 +523,23 @@ def _next_guess(
     would also cost a fresh process. Near the limit it goes for the largest size predicted
     to fit: peaks there grow more slowly than further down (the allocator's rounding leaves
     less slack as memory runs short), so that size usually fits and the size above it
-    closes the bracket.
+    closes the bracket. A size that failed more than two above the largest that fits shows
+    the peaks overestimated the room: the guess then stays a tenth of the gap below it, and
+    no higher than halfway for small gaps (each OOM costs a fresh process; a size that fits
+    lets the next ones run in the same process).
+
+    Returns the guess, its predicted peak, and whether it is near the limit.
     """
     upper = min(cap, (hi - 1) if hi is not None else cap)
     sizes = sorted(peaks)
     slope = _slope(peaks)
     guess: int | None = None
+    near = False
     if slope > 0:
         b = sizes[-1]
         reach = (limit - peaks[b]) / slope
-        if reach > b / 2:
+        near = reach <= b / 2
+        if not near:
             reach *= 1 - FAR_SHORTFALL
             guess = b + min(math.floor(reach), (CALIBRATION_GROWTH - 1) * b)
         else:
@@ -534,18 +547,11 @@ def _next_guess(
     if guess is None:
         # Prediction unusable (flat or falling peaks): double, or bisect.
         guess = lo * 2 if hi is None else (lo + hi) // 2
+    if hi is not None and hi - lo > 2:
+        guess = min(guess, max((lo + hi) // 2, hi - 1 - math.ceil((hi - lo) / 10)))
     guess = max(lo + 1, min(guess, upper))
     predicted = int(peaks[sizes[-1]] + slope * (guess - sizes[-1])) if slope > 0 else None
-    return guess, predicted
-
-
-def _near(peaks: dict[int, int], limit: int) -> bool:
-    """Whether the predicted limit is within half again the largest size that fits."""
-    slope = _slope(peaks)
-    if slope <= 0:
-        return False
-    largest = max(peaks)
-    return (limit - peaks[largest]) / slope <= largest / 2
+    return guess, predicted, near
 
 
 def _slope(peaks: dict[int, int]) -> float:
