@@ -187,6 +187,50 @@ def conv_backprop_scratch_bytes(op: Any, intra_threads: int) -> int:
     return int(shard * image * filter_total * itemsize)
 
 
+def xla_grouped_conv_scratch_bytes(op: Any) -> int:
+    """Bytes of the temporaries of an XLA-compiled call that backpropagates a grouped conv.
+
+    Keras runs a grouped convolution (`Conv2D(groups=...)`, ConvNeXt's 7x7 "depthwise" one)
+    through `tf.function(jit_compile=True)` on TensorFlow, since the CPU kernels do not take
+    groups. XLA's CPU backend computes its gradients on the dense filter (kh x kw x all input
+    channels x output channels, masked to the groups), holding two buffers of that size while
+    the call runs (measured: 2 x 110 MiB for a 7x7, 768-channel one, whatever the batch and
+    image size; the input and filter gradients of one call share them).
+    """
+    if op.type not in ("PartitionedCall", "StatefulPartitionedCall"):
+        return 0
+    try:
+        if not op.get_attr("_XlaMustCompile"):
+            return 0
+        definition = op.graph._get_function(op.get_attr("f").name).cached_definition
+    except (ValueError, AttributeError, TypeError):
+        return 0
+    args = [arg.name for arg in definition.signature.input_arg]
+
+    def call_input(ref: str) -> Any:
+        name = ref.split(":")[0]
+        return op.inputs[args.index(name)] if name in args else None
+
+    kernels, activations = [], []
+    for node in definition.node_def:
+        if node.op == "Conv2DBackpropInput" and len(node.input) > 2:
+            kernels.append(call_input(node.input[1]))
+            activations.append(call_input(node.input[2]))
+        elif node.op == "Conv2DBackpropFilter" and len(node.input) > 2:
+            activations.append(call_input(node.input[0]))
+    kernel = next((k for k in kernels if k is not None and k.shape.is_fully_defined()), None)
+    if kernel is None or kernel.shape.rank != 4:
+        return 0
+    kh, kw, in_per_group, out_depth = kernel.shape.as_list()
+    channels = max(
+        (a.shape.as_list()[-1] for a in activations if a is not None and a.shape.rank == 4),
+        default=0,
+    )
+    if not channels or in_per_group >= channels:
+        return 0
+    return 2 * kh * kw * channels * out_depth * kernel.dtype.size
+
+
 def schedulable_cpus() -> int:
     """CPUs this process may run on: TensorFlow's default for both thread pools.
 
@@ -339,6 +383,7 @@ def rewire_as_grappler(ops: list[OpInfo], nodes: dict[str, GrapplerNode]) -> int
     ops changed.
     """
     tensors = {name for op in ops for name in op.outputs}
+    original = [list(op.inputs) for op in ops]
     changed = 0
     for op in ops:
         node = nodes.get(op.name)
@@ -348,7 +393,38 @@ def rewire_as_grappler(ops: list[OpInfo], nodes: dict[str, GrapplerNode]) -> int
             continue
         op.inputs = list(node.inputs)
         changed += 1
+    if changed and not _acyclic(ops):
+        # Matched by name, a node grappler merged or rewrote can take an input from later in
+        # the step (ConvNeXt's GELU gradients: a loop across blocks); keep the trace's wiring.
+        for op, inputs in zip(ops, original, strict=True):
+            op.inputs = inputs
+        return 0
     return changed
+
+
+def _acyclic(ops: list[OpInfo]) -> bool:
+    """Whether the ops' data and control inputs form no loop (Kahn's algorithm)."""
+    producer = {name: i for i, op in enumerate(ops) for name in op.outputs}
+    index = {op.name: i for i, op in enumerate(ops)}
+    succs: list[list[int]] = [[] for _ in ops]
+    pending = [0] * len(ops)
+    for i, op in enumerate(ops):
+        preds = {producer[t] for t in op.inputs if t in producer}
+        preds |= {index[c] for c in op.control_inputs if c in index}
+        preds.discard(i)
+        pending[i] = len(preds)
+        for j in preds:
+            succs[j].append(i)
+    ready = [i for i, n in enumerate(pending) if n == 0]
+    seen = 0
+    while ready:
+        i = ready.pop()
+        seen += 1
+        for j in succs[i]:
+            pending[j] -= 1
+            if pending[j] == 0:
+                ready.append(j)
+    return seen == len(ops)
 
 
 def batch_specs(workload: Any, batch_size: int) -> Any:
@@ -422,6 +498,8 @@ def trace_step(workload: Any, batch_size: int) -> StepGraph:
         scratch = 0
         if op.type in ("Conv2DBackpropInput", "Conv2DBackpropFilter"):
             scratch = conv_backprop_scratch_bytes(op, intra)
+        else:
+            scratch = xla_grouped_conv_scratch_bytes(op)
         ops.append(
             OpInfo(
                 name=op.name,
