@@ -402,25 +402,40 @@ def rewire_as_grappler(ops: list[OpInfo], nodes: dict[str, GrapplerNode]) -> int
     return changed
 
 
+def op_dependencies(ops: list[Any]) -> tuple[list[set[int]], list[list[int]], list[int]]:
+    """Each op's predecessors, successors (graph order) and number of out-edges."""
+    index = {op.name: i for i, op in enumerate(ops)}
+    producer = {name: i for i, op in enumerate(ops) for name in op.outputs}
+    preds: list[set[int]] = [set() for _ in ops]
+    edges = [0] * len(ops)
+    for i, op in enumerate(ops):
+        for name in op.inputs:
+            if name in producer:
+                preds[i].add(producer[name])
+                edges[producer[name]] += 1
+        for name in op.control_inputs:
+            if name in index:
+                preds[i].add(index[name])
+                edges[index[name]] += 1
+    succs: list[list[int]] = [[] for _ in ops]
+    for i, ps in enumerate(preds):
+        for p in sorted(ps):
+            succs[p].append(i)
+    return preds, succs, edges
+
+
 def _acyclic(ops: list[OpInfo]) -> bool:
     """Whether the ops' data and control inputs form no loop (Kahn's algorithm)."""
-    producer = {name: i for i, op in enumerate(ops) for name in op.outputs}
-    index = {op.name: i for i, op in enumerate(ops)}
-    succs: list[list[int]] = [[] for _ in ops]
-    pending = [0] * len(ops)
-    for i, op in enumerate(ops):
-        preds = {producer[t] for t in op.inputs if t in producer}
-        preds |= {index[c] for c in op.control_inputs if c in index}
-        preds.discard(i)
-        pending[i] = len(preds)
-        for j in preds:
-            succs[j].append(i)
+    preds, succs, _ = op_dependencies(ops)
+    pending = [len(p - {i}) for i, p in enumerate(preds)]
     ready = [i for i, n in enumerate(pending) if n == 0]
     seen = 0
     while ready:
         i = ready.pop()
         seen += 1
         for j in succs[i]:
+            if j == i:
+                continue
             pending[j] -= 1
             if pending[j] == 0:
                 ready.append(j)

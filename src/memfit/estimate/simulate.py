@@ -28,6 +28,7 @@ from collections import defaultdict, deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from memfit.backend.tf_graph import op_dependencies
 from memfit.estimate.bfc import BFC
 
 GRANULE = 256
@@ -163,31 +164,9 @@ def _replay_once(graph: Any, warmup: bool, steps: int) -> Replay:
 def execution_order(graph: Any) -> list[int]:
     """Op indices of `graph` in the order the single-thread executor runs them."""
     ops = graph.ops
-    preds, succs, _ = _dependencies(ops)
+    preds, succs, _ = op_dependencies(ops)
     cheap = [op.type in INEXPENSIVE_OPS for op in ops]
     return single_thread_order(preds, _edge_order(succs, ops, graph), cheap)
-
-
-def _dependencies(ops: list[Any]) -> tuple[list[set[int]], list[list[int]], list[int]]:
-    """Each op's predecessors, successors (graph order) and number of out-edges."""
-    index = {op.name: i for i, op in enumerate(ops)}
-    producer = {name: i for i, op in enumerate(ops) for name in op.outputs}
-    preds: list[set[int]] = [set() for _ in ops]
-    edges = [0] * len(ops)
-    for i, op in enumerate(ops):
-        for name in op.inputs:
-            if name in producer:
-                preds[i].add(producer[name])
-                edges[producer[name]] += 1
-        for name in op.control_inputs:
-            if name in index:
-                preds[i].add(index[name])
-                edges[index[name]] += 1
-    succs: list[list[int]] = [[] for _ in ops]
-    for i, ps in enumerate(preds):
-        for p in sorted(ps):
-            succs[p].append(i)
-    return preds, succs, edges
 
 
 def _run(
