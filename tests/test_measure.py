@@ -47,12 +47,12 @@ def test_mobilenetv2_peaks_oom_and_restoration():
     peaks = [r["peak_bytes"] for r in fits]
     assert all(not r["oom"] for r in fits)
     assert peaks[0] < peaks[1] < peaks[2]
-    # Resident bytes hold the weights and Adam's two slots per trainable weight. (The first
-    # measurement's resident has read 27.66 MB and, since the restore assigns, 26.77 MB of the
-    # 28.36 MB they add up to: probably untouched zero-filled slots sharing buffers; hence
-    # 90%, still far above the weights alone, 9.5 MB.)
+    # Resident bytes hold the weights and Adam's two slots per trainable weight, all of them on
+    # the device's allocator. (Before restores copied on the device, resident read 26.77 MB of
+    # the 28.36 MB these add up to: restored variables had adopted host buffers; see
+    # `memfit.backend.tf.assign_exact`.)
     for r in fits:
-        assert r["resident_bytes"] >= 0.90 * (out["weight_bytes"] + 2 * out["param_bytes"])
+        assert r["resident_bytes"] >= out["weight_bytes"] + 2 * out["param_bytes"]
         assert r["step_seconds"] > 0
         assert len(r["peaks_bytes"]) == 3
         assert r["peak_bytes"] <= 384 * 2**20
@@ -64,14 +64,18 @@ def test_mobilenetv2_peaks_oom_and_restoration():
     assert out["weights_same"] and out["opt_same"]
     assert out["iterations"] == 0
     # The device holds what it held before: the batch, activations and gradients are gone.
-    # (Variables a step rewrites may land in other allocator chunks, which moves `current`
-    # by BFC rounding; a leaked step would move it by its step_bytes, tens of MiB here.)
+    # Restored variables get new buffers, and the BFC allocator counts a buffer's whole chunk
+    # (up to twice what was asked for a small one), so `current` moves by that rounding: up to
+    # +5.9 MB over four runs of this code. A leaked step would move it by its step_bytes,
+    # 37 MB and more here.
     smallest_step = min(r["step_bytes"] for r in fits)
-    tolerance = 0.25 * out["baseline"]
+    tolerance = 0.5 * smallest_step
     assert abs(out["after"] - out["baseline"]) < tolerance
-    assert tolerance < smallest_step * 4
     for r in out["results"]:
         assert abs(r["leaked_bytes"]) < tolerance
+    # Every restored variable is back on the device's allocator: none adopted a host buffer
+    # outside it (a plain `assign` of NumPy arrays once left 7.4 MB of them uncounted).
+    assert out["after"] >= out["weight_bytes"] + 2 * out["param_bytes"]
 
 
 def test_measure_restores_rng_batchnorm_and_metrics_state():

@@ -311,7 +311,7 @@ class GuardedStep:
 
     def _restore(self, snapshot: list[np.ndarray]) -> None:
         for v, value in zip(self._state_variables(), snapshot, strict=True):
-            v.assign(value)
+            tfb.assign_exact(v, value)
 
     @property
     def trace_count(self) -> int:

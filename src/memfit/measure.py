@@ -332,16 +332,17 @@ def measure_workload(
 
 
 def _restore(variables: list[Any], values: list[np.ndarray]) -> None:
-    """Write saved values back bit for bit with `assign`.
+    """Write saved values back bit for bit with `assign` (see `tfb.assign_exact`).
 
     Not with `scatter_update`, which would keep each variable in its own buffer: a sparse
     update switches a resource variable to copy-on-read for good, after which every read of
     it copies the whole weight (a ResNet50 step run after such a restore peaked at 648 MiB
-    instead of 337 MiB). `assign` gives the variable a new buffer and frees the old one, so
-    the bytes in use are the same; only their place in the allocator moves.
+    instead of 337 MiB). `assign` gives the variable a new buffer on its device and frees the
+    old one, so the bytes in use are the same up to the allocator's rounding; only their place
+    in the allocator moves.
     """
     for var, value in zip(variables, values, strict=True):
-        getattr(var, "value", var).assign(value)  # the tf.Variable behind a Keras variable
+        tfb.assign_exact(var, value)
 
 
 def _build_optimizer(model: Any) -> None:

@@ -185,6 +185,28 @@ def memory_info(device: str) -> dict[str, int] | None:
     return {"current": int(info["current"]), "peak": int(info["peak"])}
 
 
+def assign_exact(variable: Any, value: Any) -> None:
+    """Write `value` (a host array) into `variable` bit for bit, on the variable's allocator.
+
+    A plain `assign` of a NumPy array lets the variable adopt the tensor converted from it,
+    and on a CPU device that tensor may live outside the device's allocator (TensorFlow can
+    keep the NumPy buffer, or copy it with the process-wide allocator): the variable then
+    drops out of the device's statistics and out of an emulated budget. Measured: after a
+    dozen plain restores of MobileNetV2's weights and Adam slots, the allocator counted
+    26.6 MB in use for 28.4 MB of variables. The value is therefore copied on the variable's
+    own device first (`DeepCopy`) and that copy is what the variable adopts.
+
+    Args:
+        variable: A `tf.Variable`, or a Keras variable (its TensorFlow variable is written).
+        value: The saved value, of the variable's shape and dtype.
+    """
+    tf = import_tf()
+    var = getattr(variable, "value", variable)  # the tf.Variable behind a Keras variable
+    with tf.device(var.device):
+        tensor = tf.raw_ops.DeepCopy(x=tf.convert_to_tensor(value, dtype=var.dtype))
+    var.assign(tensor, read_value=False)
+
+
 def reset_peak(device: str) -> None:
     """Reset the allocator's peak statistic on `device` to its current bytes."""
     tf = import_tf()
