@@ -22,9 +22,10 @@ def train_steps(
 ) -> dict[str, Any]:
     """Child side: build the model and train `steps` steps (Keras' train function) at one size.
 
-    Keras' train function runs on the batch as given (as `train_on_batch` does): no pipeline
-    holds a second copy of the batch in the (CPU-emulated) device's memory, as it would not
-    on a GPU, where tf.data's buffers live in host memory.
+    Keras' train function runs on the batch as given (as `train_on_batch` does), one copy of
+    it on the device's allocator, as on a GPU (see `memfit.backend.tf.on_device`): no pipeline
+    holds a second copy in the (CPU-emulated) device's memory, as it would not on a GPU,
+    where tf.data's buffers live in host memory.
     """
     from memfit.backend import tf as tfb
     from memfit.models import _call_factory, load_model
@@ -34,7 +35,7 @@ def train_steps(
     dataset = _call_factory(data) if data else None
     workload = Workload(model, input_shape=input_shape, data=dataset)
     try:
-        x, y = workload.batch(batch_size)
+        x, y = tfb.on_device(workload.batch(batch_size))
         start = time.perf_counter()
         for _ in range(steps):
             _train_once(workload.model, x, y)
@@ -94,15 +95,26 @@ def search_child(
             # Making that batch would crash TensorFlow (SIGSEGV) instead of raising an OOM.
             ok, note = False, "the batch's inputs alone exceed the budget"
         else:
-            try:
-                x, y = workload.batch(size)
-                for _ in range(steps):
-                    _train_once(workload.model, x, y)
-                del x, y
-            except Exception as exc:  # noqa: BLE001 - OOM is the answer; the rest is re-raised
-                if not tfb.is_oom(exc):
-                    raise
-                ok = False
+            for attempt in range(2):
+                try:
+                    x, y = tfb.on_device(workload.batch(size))
+                    for _ in range(steps):
+                        _train_once(workload.model, x, y)
+                    del x, y
+                    break
+                except Exception as exc:  # noqa: BLE001 - OOM is the answer; others re-raised
+                    if tfb.is_oom(exc):
+                        ok = False
+                        break
+                    # After OOMs, TF 2.21 can fail every later step of the same train
+                    # function with AlreadyExistsError (a grappler TemporaryVariable left in
+                    # the per-step container; seen on RetinaNet), which no search could go on
+                    # from. Then, once, a fresh train function (one trace more) and the trial
+                    # again; Lightning's PyTorch loop has no trace to break.
+                    if attempt or "AlreadyExists" not in type(exc).__name__:
+                        raise
+                    note = "retried on a fresh train function (AlreadyExistsError)"
+                    workload.model.make_train_function(force=True)
             gc.collect()  # Lightning's garbage_collection_cuda()
         trials.append(
             {
