@@ -206,3 +206,57 @@ def test_cli_batch_json_and_errors():
         lines = proc.stderr.strip().splitlines()
         assert lines[-1].startswith("memfit: error:") and fragment in lines[-1], proc.stderr
         assert "Traceback" not in proc.stderr
+
+
+class _Steps:
+    """A stand-in for the search's trial runner: peaks from a formula, no TensorFlow.
+
+    `first(b)` is a size's warm-up peak, `second(b)` its next step's; a peak above the budget
+    is an OOM.
+    """
+
+    in_child, worst_case, largest_sample, dataset_size, resident_bytes = True, False, None, None, 0
+
+    def __init__(self, budget, first, second):
+        self.budget, self.first, self.second = budget, first, second
+        self.calls = []
+
+    def expect_oom(self):
+        pass
+
+    def measure(self, batch_size, settled_below=None):
+        from memfit.measure import Measurement
+
+        peaks = [self.first(batch_size)]
+        if settled_below is None or peaks[0] > settled_below:
+            peaks.append(self.second(batch_size))
+        self.calls.append((batch_size, len(peaks)))
+        oom = max(peaks) > self.budget.usable_bytes
+        m = Measurement(batch_size, "CPU:0", oom, max(peaks), 0, None, steps_run=len(peaks))
+        return m, False
+
+
+@pytest.mark.parametrize("second_fits", [True, False])
+def test_an_answer_measured_on_its_warm_up_alone_gets_its_second_step(second_fits):
+    # Peaks jump past the budget from 60 on: 59's warm-up peaks far below it, so 59 takes
+    # one step, and when it turns out to be the answer it takes its second one. Where that
+    # second step does not fit, the answer moves below it.
+    from memfit.budget import Budget
+    from memfit.search import _search
+
+    budget = Budget.from_size(1000)
+    first = lambda b: 100 + 10 * b if b < 60 else 2000  # noqa: E731
+    second = lambda b: first(b) if second_fits or b != 59 else 2000  # noqa: E731
+    steps = _Steps(budget, first, second)
+    result = _search(steps, budget, None, 0.0, None)
+    if second_fits:
+        assert (result.batch_size, result.failing_batch_size) == (59, 60)
+    else:
+        assert (result.batch_size, result.failing_batch_size) == (58, 59)
+    answer = [c for c in steps.calls if c[0] == result.batch_size]
+    assert answer[-1][1] == 2  # the answer's last trial took two steps
+    assert result.trials[-1].deciding or any(
+        t.deciding and t.batch_size == result.batch_size for t in result.trials
+    )
+    # Sizes far below the limit took one step only.
+    assert all(n == 1 for b, n in steps.calls if 4 <= b <= 40)
