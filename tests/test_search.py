@@ -260,16 +260,3 @@ def test_an_answer_measured_on_its_warm_up_alone_gets_its_second_step(second_fit
     )
     # Sizes far below the limit took one step only.
     assert all(n == 1 for b, n in steps.calls if 4 <= b <= 40)
-
-
-def test_a_bracket_three_wide_is_closed_from_the_top_when_the_peaks_say_so():
-    # 40 fits and the peaks predicted 43 would: it failed. The prediction overshot by about a
-    # size, so the next guess is 42 (one trial closes the bracket if it fits), not 41.
-    from memfit.search import _next_guess
-
-    peaks = {1: 100, 4: 130, 12: 210, 36: 450, 40: 490}
-    guess, _predicted, near = _next_guess(peaks, 40, 43, 1000, 520)
-    assert near and guess == 42
-    # A wider bracket is still narrowed from below the failure by a tenth of its width.
-    guess, _predicted, _near = _next_guess(peaks, 40, 50, 1000, 520)
-    assert 41 <= guess <= 48

@@ -578,14 +578,10 @@ def _next_guess(
     would also cost a fresh process. Near the limit it goes for the largest size predicted
     to fit: peaks there grow more slowly than further down (the allocator's rounding leaves
     less slack as memory runs short), so that size usually fits and the size above it
-    closes the bracket. A size that failed more than three above the largest that fits shows
+    closes the bracket. A size that failed more than two above the largest that fits shows
     the peaks overestimated the room: the guess then stays a tenth of the gap below it, and
     no higher than halfway for small gaps (each OOM costs a fresh process; a size that fits
-    lets the next ones run in the same process). In a bracket three wide the guess may be
-    the size below the failure: where the prediction overshot by one size (the usual miss
-    near the limit: RetinaNet 40 fitted, 43 failed, then 41 and 42 both fitted), that size
-    fits and closes the bracket in one trial, where the size above the one that fits would
-    take two.
+    lets the next ones run in the same process).
 
     Returns the guess, its predicted peak, and whether it is near the limit.
     """
@@ -606,7 +602,7 @@ def _next_guess(
     if guess is None:
         # Prediction unusable (flat or falling peaks): double, or bisect.
         guess = lo * 2 if hi is None else (lo + hi) // 2
-    if hi is not None and hi - lo > 3:
+    if hi is not None and hi - lo > 2:
         guess = min(guess, max((lo + hi) // 2, hi - 1 - math.ceil((hi - lo) / 10)))
     guess = max(lo + 1, min(guess, upper))
     predicted = int(peaks[sizes[-1]] + slope * (guess - sizes[-1])) if slope > 0 else None
