@@ -6,7 +6,7 @@ one run, each as its tool runs it, and only the search is timed:
 - memfit: `find_batch_size(..., margin=0)` as `memfit batch` runs it — every trial in one
   child process on one relaxed trace (a spare child, started with the search and warmed
   with a batch-1 step, takes over after an OOM), one warm-up and one measured step per
-  trial (calibration trials far below the budget: the warm-up only), an OOM answered when the
+  trial (only the warm-up when it peaks below 3/4 of the budget), an OOM answered when the
   step stalls in the allocator's retry;
 - memfit_in_process: the same search given the model loaded in the search's own process
   (`--in-process`, the Python API's default: the trials run on a saved copy in a child);

@@ -176,15 +176,13 @@ def find_batch_size(
     further (peaks are not linear in the batch: a long extrapolation can be far off), near it
     the largest size predicted to fit (at most 1/8 further), until a size that fits and one
     that fails are next to each other (or within the margin). A surprise peak or an OOM only
-    narrows the bracket. Each trial near the limit is a warm-up and a measured step (a
-    calibration trial further down only the warm-up, when it leaves room for 1.5 more
-    samples; an answer found that way gets its second step); the trials share one trace
-    with a relaxed batch dimension (traced once, while the child starts) and run one after
-    the other in one child process, which leaves their updates in place (the allocator sees
-    what training would). A step that runs out of memory is answered as soon as it stalls in
-    TensorFlow's allocator retry (`AllocatorStallWatch`), and the next trial runs in a spare
-    child that started with the search and ran a batch-1 step while it waited (so it costs
-    only its steps).
+    narrows the bracket. Each trial is a warm-up and a measured step (only the warm-up when
+    it peaks below 3/4 of the limit); the trials share one trace with a relaxed batch
+    dimension (traced once, while the child starts) and run one after the other in one child
+    process, which leaves their updates in place (the allocator sees what training would). A
+    step that runs out of memory is answered as soon as it stalls in TensorFlow's allocator
+    retry (`AllocatorStallWatch`), and the next trial runs in a spare child that started with
+    the search and ran a batch-1 step while it waited (so it costs only its steps).
 
     The model in this process is never touched: the child loads the MODEL string
     (`isolated=True`) or a saved copy of the model (and of the dataset's largest samples). A
