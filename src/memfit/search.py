@@ -34,11 +34,10 @@ CHILD_SAMPLES = 512
 # A child process's own memory besides the budget (TensorFlow, Keras, the traced step), for
 # deciding whether a spare fits beside it in host memory.
 CHILD_OVERHEAD_BYTES = 3 << 30
-# A calibration trial (far from the limit) whose first step leaves room below the limit for
-# this many more samples (by the measured slope; before there is one, whose first step peaks
-# below SETTLED_SHARE of the limit) takes no second step: the allocator's settling moves a
-# peak by a few percent, and such a size rarely decides the answer. When it does, the answer
-# gets its second step. Trials near the limit always take both.
+# A trial whose first step leaves room below the limit for this many more samples (by the
+# measured slope; before there is one, whose first step peaks below SETTLED_SHARE of the
+# limit) takes no second step: the allocator's settling moves a peak by a few percent, and
+# such a size rarely decides the answer. When it does, the answer gets its second step.
 SETTLED_SAMPLES = 1.5
 SETTLED_SHARE = 0.75
 
@@ -549,8 +548,7 @@ def _search(
         # it, get a fresh process ready meanwhile (not for lo + 1, whose OOM ends the search).
         if (hi is not None or near) and guess > lo + 1:
             run.expect_oom()
-        # Near the limit a size is likely the answer, so it takes both steps at once.
-        if trial(guess, predicted, settle=not near):
+        if trial(guess, predicted):
             lo = guess
         else:
             hi = guess
