@@ -34,11 +34,9 @@ CHILD_SAMPLES = 512
 # A child process's own memory besides the budget (TensorFlow, Keras, the traced step), for
 # deciding whether a spare fits beside it in host memory.
 CHILD_OVERHEAD_BYTES = 3 << 30
-# A trial whose first step leaves room below the limit for this many more samples (by the
-# measured slope; before there is one, whose first step peaks below SETTLED_SHARE of the
-# limit) takes no second step: the allocator's settling moves a peak by a few percent, and
-# such a size rarely decides the answer. When it does, the answer gets its second step.
-SETTLED_SAMPLES = 1.5
+# A trial whose first step peaks below this share of the limit takes no second step: the
+# allocator's settling moves a peak by a few percent, and such a size cannot decide the
+# answer (the next size up would need a third more memory).
 SETTLED_SHARE = 0.75
 
 
@@ -494,17 +492,12 @@ def _search(
         decided_in="child_process" if run.in_child else "this_process",
     )
     peaks: dict[int, int] = {}  # sizes that fit -> measured peak
-    one_step: set[int] = set()  # sizes that fit on their warm-up step alone
 
-    def trial(size: int, predicted: int | None, settle: bool = True) -> bool:
+    def trial(size: int, predicted: int | None) -> bool:
         start = time.perf_counter()
-        settled = _settled_below(peaks, limit) if settle and size >= PROBE_BATCH else None
+        settled = int(limit * SETTLED_SHARE) if size >= PROBE_BATCH else None
         m, fresh = run.measure(size, settled)
         ok = not m.oom and m.peak_bytes is not None and m.peak_bytes <= limit
-        if ok and m.steps_run == 1:
-            one_step.add(size)
-        else:
-            one_step.discard(size)
         seconds = time.perf_counter() - start
         t = Trial(size, m.oom, m.peak_bytes, seconds, predicted, ok, fresh=fresh, steps=m.steps_run)
         result.trials.append(t)
@@ -534,14 +527,10 @@ def _search(
         else:
             hi = probe
     while True:
-        if lo >= cap or (hi is not None and hi - lo <= max(1, math.floor(margin * lo))):
-            # The answer rests on a warm-up step alone: give it its second step.
-            if lo in one_step and not trial(lo, peaks[lo], settle=False):
-                peaks.pop(lo)
-                hi, lo = lo, max(s for s in peaks if s < lo)
-                continue
-            if lo >= cap:
-                result.stopped_by = capped_by
+        if lo >= cap:
+            result.stopped_by = capped_by
+            break
+        if hi is not None and hi - lo <= max(1, math.floor(margin * lo)):
             break
         guess, predicted, near = _next_guess(peaks, lo, hi, cap, limit)
         # An OOM ends this process's trials: when one is likely and more trials would follow
@@ -603,14 +592,6 @@ def _next_guess(
     guess = max(lo + 1, min(guess, upper))
     predicted = int(peaks[sizes[-1]] + slope * (guess - sizes[-1])) if slope > 0 else None
     return guess, predicted, near
-
-
-def _settled_below(peaks: dict[int, int], limit: int) -> int:
-    """Peak below which a trial's warm-up step is its measurement (see SETTLED_SAMPLES)."""
-    slope = _slope(peaks)
-    if slope <= 0:
-        return int(limit * SETTLED_SHARE)
-    return int(limit - SETTLED_SAMPLES * slope)
 
 
 def _slope(peaks: dict[int, int]) -> float:
