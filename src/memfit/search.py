@@ -268,6 +268,7 @@ class _TrialRunner:
         self.budget = budget
         self.worst_case = worst_case
         self.spares = spare and _room_for_two_children(budget)
+        self._spare_at_start = self.spares
         self._tmp = tempfile.TemporaryDirectory(prefix="memfit-search-")
         self.dataset_size: int | None = None
         self.largest_sample: dict[str, Any] | None = None
@@ -345,7 +346,7 @@ class _TrialRunner:
         # starts alongside (importing, loading and tracing are one core's work each).
         self._child_kwargs = {**kwargs, "warm_relaxed": True}
         self.worker = self._new_child()
-        if self.spares:
+        if self._spare_at_start:
             self.spare = self._new_child(spare=True)
 
     def _new_child(self, spare: bool = False) -> Any:
