@@ -4,10 +4,9 @@ Every method searches the same model under the same emulated budget, one after t
 one run, each as its tool runs it, and only the search is timed:
 
 - memfit: `find_batch_size(..., margin=0)` as `memfit batch` runs it — every trial in one
-  child process on one relaxed trace (a spare child, started with the search and warmed
-  with a batch-1 step, takes over after an OOM), one warm-up and one measured step per
-  trial (only the warm-up when it peaks below 3/4 of the budget), an OOM answered when the
-  step stalls in the allocator's retry;
+  child process on one relaxed trace (a spare child takes over after an OOM), one warm-up
+  and one measured step per trial, an OOM answered when the step stalls in the allocator's
+  retry;
 - memfit_in_process: the same search given the model loaded in the search's own process
   (`--in-process`, the Python API's default: the trials run on a saved copy in a child);
 - Lightning `power` and `binsearch` (init 2, 3 `train_on_batch` steps per trial, see
@@ -102,8 +101,7 @@ def run_isolated_memfit(case: Case, budget: Any, seen: dict[int, list[bool]]) ->
             {"batch_size": t.batch_size, "oom": not t.fits, "seconds": t.seconds}
             for t in result.trials
         ],
-        # A trial whose child was stopped mid-step (an OOM answered at the stall) counts 2.
-        "steps": sum(2 if t.steps is None else t.steps for t in result.trials),
+        "steps": 2 * len(result.trials),
         "seconds": time.perf_counter() - start,
     }
 

@@ -79,8 +79,7 @@ def search_child(
                 {"batch_size": t.batch_size, "oom": not t.fits, "seconds": t.seconds}
                 for t in result.trials
             ],
-            # Steps each trial started (one stopped mid-step, at an OOM's stall, counts 2).
-            "steps": sum(2 if t.steps is None else t.steps for t in result.trials),
+            "steps": 2 * len(result.trials),  # one warm-up and one measured step per trial
             "seconds": time.perf_counter() - start,
         }
     workload = Workload(model, input_shape=input_shape, data=dataset)

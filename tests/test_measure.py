@@ -132,30 +132,6 @@ def test_measure_from_a_dataset_of_samples():
     assert out == {"shapes": [[16]], "oom": False}
 
 
-def test_a_warm_up_far_inside_the_budget_is_taken_as_it_is():
-    # settled_below: a warm-up step peaking below it is the measurement (the search's cheap
-    # calibration trials); above it the repeats run as usual.
-    out = run_isolated(
-        """
-        import memfit, keras
-        from memfit.measure import measure_workload
-        from memfit.workload import Workload
-        model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(256),
-                                  keras.layers.Dense(4)])
-        model.compile("adam", "mse")
-        w = Workload(model)
-        run = lambda below: measure_workload(w, 8, repeats=2, device="CPU:0", budget=None,
-                                             exact=False, settled_below=below)
-        quick, full = run(1 << 40), run(1)
-        emit({"quick": quick.peaks_bytes, "full": full.peaks_bytes,
-              "seconds": quick.step_seconds})
-        """,
-        env={"MEMFIT_MEMORY": "128MiB"},
-    )
-    assert len(out["quick"]) == 1 and len(out["full"]) == 2
-    assert out["quick"][0] > 0 and out["seconds"] > 0
-
-
 def test_isolated_measurement_of_a_model_object_and_spec():
     out = run_isolated(
         """

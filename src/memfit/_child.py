@@ -48,7 +48,6 @@ def open_measurer(
     saved_data: str | None = None,
     imports: list[str] | None = None,
     warm_relaxed: bool = False,
-    warm_step: bool = False,
 ) -> Callable[..., dict[str, Any]]:
     """Load a MODEL spec once; return `measure(batch_size, repeats)` for this process.
 
@@ -57,9 +56,6 @@ def open_measurer(
     saved model's classes are registered (keras_hub models, say). `warm_relaxed`: trace the
     shared relaxed step now (`Workload.warm_relaxed`), so that a first
     `measure(..., exact=False)` costs only the graph's optimisation and its steps.
-    `warm_step`: also run one relaxed step of batch 1 now (its updates stay), so that the
-    graph's optimisation is paid too and a first measurement costs only its steps: for a
-    spare process that gets ready while another one measures.
     """
     for name in imports or []:
         importlib.import_module(name)
@@ -93,7 +89,7 @@ def open_measurer(
         )
         if workload.model.optimizer is not None and not workload.model.optimizer.built:
             workload.model.optimizer.build(workload.model.trainable_variables)
-        if warm_relaxed or warm_step:
+        if warm_relaxed:
             workload.warm_relaxed()
     except Exception as exc:
         if not tfb.is_oom(exc):
@@ -109,12 +105,6 @@ def open_measurer(
             f"of the weights)"
         ) from None
     device = tfb.default_device()
-    if warm_step:
-        try:
-            workload.warm_step(device)
-        except Exception as exc:  # the first measurement pays the optimisation instead
-            if not tfb.is_oom(exc):
-                raise
     info = tfb.memory_info(device)
     if info is not None:
         # Tell the parent what is resident, in case a step fails slowly (see isolate.py).
@@ -124,11 +114,7 @@ def open_measurer(
     budget = emulated_budget()
 
     def measure(
-        batch_size: int,
-        repeats: int,
-        exact: bool = True,
-        restore: bool = True,
-        settled_below: int | None = None,
+        batch_size: int, repeats: int, exact: bool = True, restore: bool = True
     ) -> dict[str, Any]:
         _check_batch_size(batch_size)
         tfb.require_memory_stats(device)
@@ -142,7 +128,6 @@ def open_measurer(
                 micro_batches=micro_batches,
                 exact=exact,
                 restore=restore,
-                settled_below=settled_below,
             ).to_dict()
 
     return measure

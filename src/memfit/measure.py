@@ -40,9 +40,6 @@ class Measurement:
         input_shapes: shape of one sample per input.
         leaked_bytes: device bytes still held after the measurement compared with before
             (0 when memfit cleaned up fully).
-        trace_seconds: time to trace the step (or of the warm-up step, which traces it).
-        steps_run: training steps started, the warm-up and a step that ran out of memory
-            included (None when not known: a child stopped mid-step).
     """
 
     batch_size: int
@@ -57,7 +54,6 @@ class Measurement:
     input_shapes: list[list[int]] = field(default_factory=list)
     leaked_bytes: int = 0
     trace_seconds: float | None = None
-    steps_run: int | None = None
 
     @property
     def step_bytes(self) -> int | None:
@@ -228,7 +224,6 @@ def measure_workload(
     micro_batches: int = 1,
     exact: bool = True,
     restore: bool = True,
-    settled_below: int | None = None,
 ) -> Measurement:
     """Measure a prepared Workload (see `measure`); reuses its ranked samples and traces.
 
@@ -237,16 +232,12 @@ def measure_workload(
     `restore=False` leaves the steps' updates in place (for a throwaway process: no copy of
     the state is kept, and the variables keep their buffers, so the allocator's layout is
     what training would have).
-    `settled_below`: when the warm-up step peaks at most this many bytes, it is the
-    measurement and no repeats run (a size far inside the budget, where settling the
-    allocator moves the peak by a few percent at most; `step_seconds` then includes the
-    warm-up's one-off costs).
     """
     tf = tfb.import_tf()
     model = workload.model
     tfb.require_memory_stats(device)
     _build_optimizer(model)
-    state = workload.state_variables() if restore else []
+    state = workload.state_variables()
 
     gc.collect()
     resident = tfb.memory_info(device)["current"]  # type: ignore[index]
@@ -290,7 +281,6 @@ def measure_workload(
                     f"{format_size(budget.usable_bytes)} budget"
                 )
                 result.peak_bytes = resident + needed
-                result.steps_run = 0
                 return result
             try:
                 # On the device's allocator, as a training batch is (see `tfb.on_device`).
@@ -315,7 +305,6 @@ def measure_workload(
                 )
                 tfb.reset_peak(device)
                 start = time.perf_counter()
-                result.steps_run = index + 1
                 try:
                     logs = step(data)
                     tf.nest.map_structure(lambda t: t.numpy() if hasattr(t, "numpy") else t, logs)
@@ -332,11 +321,7 @@ def measure_workload(
                 if index == 0:
                     if result.trace_seconds is None:
                         result.trace_seconds = elapsed
-                    if settled_below is None or peak > settled_below:
-                        continue
-                    times.append(elapsed)
-                    result.peaks_bytes.append(peak)
-                    break
+                    continue
                 times.append(elapsed)
                 result.peaks_bytes.append(peak)
             del data, x, y

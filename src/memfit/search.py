@@ -31,13 +31,6 @@ NEAR_STEP = 0.125
 # An in-process search with a dataset hands its largest samples, at most this many, to the
 # child process that measures.
 CHILD_SAMPLES = 512
-# A child process's own memory besides the budget (TensorFlow, Keras, the traced step), for
-# deciding whether a spare fits beside it in host memory.
-CHILD_OVERHEAD_BYTES = 3 << 30
-# A trial whose first step peaks below this share of the limit takes no second step: the
-# allocator's settling moves a peak by a few percent, and such a size cannot decide the
-# answer (the next size up would need a third more memory).
-SETTLED_SHARE = 0.75
 
 
 @dataclass
@@ -46,8 +39,7 @@ class Trial:
 
     `fresh`: the first trial of a fresh process (later ones run on an allocator that earlier
     trials used). `deciding`: one of the two trials the answer rests on (the largest size
-    that fits, the smallest that fails). `steps`: training steps the trial started (None
-    when its child was stopped mid-step).
+    that fits, the smallest that fails).
     """
 
     batch_size: int
@@ -58,7 +50,6 @@ class Trial:
     fits: bool = False
     deciding: bool = False
     fresh: bool = False
-    steps: int | None = None
 
 
 @dataclass
@@ -173,13 +164,12 @@ def find_batch_size(
     further (peaks are not linear in the batch: a long extrapolation can be far off), near it
     the largest size predicted to fit (at most 1/8 further), until a size that fits and one
     that fails are next to each other (or within the margin). A surprise peak or an OOM only
-    narrows the bracket. Each trial is a warm-up and a measured step (only the warm-up when
-    it peaks below 3/4 of the limit); the trials share one trace with a relaxed batch
-    dimension (traced once, while the child starts) and run one after the other in one child
-    process, which leaves their updates in place (the allocator sees what training would). A
-    step that runs out of memory is answered as soon as it stalls in TensorFlow's allocator
-    retry (`AllocatorStallWatch`), and the next trial runs in a spare child that started with
-    the search and ran a batch-1 step while it waited (so it costs only its steps).
+    narrows the bracket. Each trial is a warm-up and a measured step; the trials share one
+    trace with a relaxed batch dimension (traced once, while the child starts) and run one
+    after the other in one child process, which leaves their updates in place (the allocator
+    sees what training would). A step that runs out of memory is answered as soon as it
+    stalls in TensorFlow's allocator retry (`AllocatorStallWatch`), and the next trial runs in
+    a spare child started when the sizes got near the limit.
 
     The model in this process is never touched: the child loads the MODEL string
     (`isolated=True`) or a saved copy of the model (and of the dataset's largest samples). A
@@ -226,10 +216,8 @@ def find_batch_size(
             "memfit.emulate() / --memory / --device"
         )
     started = time.perf_counter()
-    # A search that can go past the probe keeps a spare process getting ready from the start.
-    spare = max_batch is None or int(max_batch) > PROBE_BATCH
     runner = _TrialRunner(
-        model, resolved, data, input_shape, optimizer, loss, isolated, data is not None, spare
+        model, resolved, data, input_shape, optimizer, loss, isolated, data is not None
     )
     try:
         result = _search(runner, resolved, max_batch, float(margin), on_trial)
@@ -261,14 +249,11 @@ class _TrialRunner:
         loss: Any,
         isolated: bool,
         worst_case: bool,
-        spare: bool = False,
     ) -> None:
         from memfit.isolate import _shapes, check_child_arguments, save_for_child
 
         self.budget = budget
         self.worst_case = worst_case
-        self.spares = spare and _room_for_two_children(budget)
-        self._spare_at_start = self.spares
         self._tmp = tempfile.TemporaryDirectory(prefix="memfit-search-")
         self.dataset_size: int | None = None
         self.largest_sample: dict[str, Any] | None = None
@@ -341,29 +326,24 @@ class _TrialRunner:
         return self.worker is not None
 
     def _start_child(self, kwargs: dict[str, Any]) -> None:
-        # The child traces the relaxed step while this process goes on (ranking samples, say):
-        # its first trial then costs only the graph's optimisation and the steps. A spare
-        # starts alongside (importing, loading and tracing are one core's work each).
+        # The child traces the relaxed step while this process goes on (ranking samples, say)
+        # or, for a spare, while other trials run: its first trial then costs only the
+        # graph's optimisation and the steps.
         self._child_kwargs = {**kwargs, "warm_relaxed": True}
         self.worker = self._new_child()
-        if self._spare_at_start:
-            self.spare = self._new_child(spare=True)
 
-    def _new_child(self, spare: bool = False) -> Any:
-        """Start a child; a spare also runs a batch-1 step while it waits, so that its
-        first trial costs only that trial's steps."""
+    def _new_child(self) -> Any:
         from memfit.isolate import ChildWorker
 
-        kwargs = {**(self._child_kwargs or {}), "warm_step": spare}
-        worker = ChildWorker("memfit._child:open_measurer", kwargs, budget=self.budget)
+        worker = ChildWorker("memfit._child:open_measurer", self._child_kwargs, budget=self.budget)
         worker.start()
         return worker
 
     def expect_oom(self) -> None:
         """The next trials may run out of memory: get a spare child ready to take over (an
         OOM leaves the child's allocator fragmented, and a child that stalled has exited)."""
-        if self.spares and self.worker is not None and self.spare is None:
-            self.spare = self._new_child(spare=True)
+        if self.worker is not None and self.spare is None:
+            self.spare = self._new_child()
 
     def _save_largest_samples(self, path: str) -> None:
         """The dataset's largest samples, largest first, for the child (`Dataset.save`)."""
@@ -383,15 +363,12 @@ class _TrialRunner:
         )
         ordered.save(path)
 
-    def measure(
-        self, batch_size: int, settled_below: int | None = None
-    ) -> tuple[Measurement, bool]:
+    def measure(self, batch_size: int) -> tuple[Measurement, bool]:
         """One trial: a warm-up and a measured step of `batch_size` on the relaxed trace.
 
         Two steps, not one: near the limit a size's second step can run out of memory where
         its first fitted (MobileNetV2 64 px under 256 MiB: one-step trials found 36, and
-        `model.fit` ran out of memory at 34; two-step trials find 34 there). Only a warm-up
-        that peaks at most `settled_below` bytes is taken as it is.
+        `model.fit` ran out of memory at 34; two-step trials find 34 there).
 
         Returns the measurement and whether it was the first trial of a fresh process (the
         allocator's history of earlier trials moves the limit by a sample or two).
@@ -404,7 +381,6 @@ class _TrialRunner:
                 device=self.device,
                 budget=self.budget,
                 exact=False,
-                settled_below=settled_below,
             )
             return m, False
         from memfit.isolate import measurement_from_child
@@ -413,11 +389,7 @@ class _TrialRunner:
         self._worker_trials += 1
         try:
             result = self.worker.call(
-                batch_size=int(batch_size),
-                repeats=1,
-                exact=False,
-                restore=False,
-                settled_below=settled_below,
+                batch_size=int(batch_size), repeats=1, exact=False, restore=False
             )
         except MemfitError:
             self.worker.close()
@@ -442,18 +414,6 @@ class _TrialRunner:
             if worker is not None:
                 worker.shutdown(kill=True)
         self._tmp.cleanup()
-
-
-def _room_for_two_children(budget: Budget) -> bool:
-    """Whether a spare child fits beside the one measuring: on a GPU each holds the budget
-    (TensorFlow takes its whole memory limit up front), on the CPU each may reach it in host
-    memory."""
-    from memfit.devices import host_memory, nvml_gpus
-
-    gpus, _problem = nvml_gpus()
-    if gpus and os.environ.get("CUDA_VISIBLE_DEVICES", None) != "":
-        return gpus[0].free_bytes >= 2 * budget.usable_bytes
-    return host_memory().available_bytes >= 2 * (budget.usable_bytes + CHILD_OVERHEAD_BYTES)
 
 
 def _packages_of(model: Any) -> list[str]:
@@ -496,11 +456,10 @@ def _search(
 
     def trial(size: int, predicted: int | None) -> bool:
         start = time.perf_counter()
-        settled = int(limit * SETTLED_SHARE) if size >= PROBE_BATCH else None
-        m, fresh = run.measure(size, settled)
+        m, fresh = run.measure(size)
         ok = not m.oom and m.peak_bytes is not None and m.peak_bytes <= limit
         seconds = time.perf_counter() - start
-        t = Trial(size, m.oom, m.peak_bytes, seconds, predicted, ok, fresh=fresh, steps=m.steps_run)
+        t = Trial(size, m.oom, m.peak_bytes, seconds, predicted, ok, fresh=fresh)
         result.trials.append(t)
         if run.resident_bytes is None:
             run.resident_bytes = m.resident_bytes

@@ -327,22 +327,6 @@ class Workload:
         self.train_function((x, y), exact=False)
         del x, y
 
-    def warm_step(self, device: str) -> None:
-        """Run one step of batch 1 on the shared relaxed trace, leaving its updates in place.
-
-        Pays TensorFlow's optimisation of the graph (its first run) ahead of the first
-        measurement; only for a throwaway process, since the model trains one step.
-
-        Args:
-            device: the device to run it on (`"CPU:0"`, `"GPU:0"`).
-        """
-        tf = tfb.import_tf()
-        with tf.device(device):
-            data = self.batch(1)
-            logs = self.train_function(data, exact=False)(data)
-            tf.nest.map_structure(lambda t: t.numpy() if hasattr(t, "numpy") else t, logs)
-        del data, logs
-
     def state_variables(self) -> list[Any]:
         """Every variable a training step can change: weights, optimizer, metrics, RNG."""
         seen: set[int] = set()
