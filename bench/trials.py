@@ -22,10 +22,9 @@ def train_steps(
 ) -> dict[str, Any]:
     """Child side: build the model and train `steps` steps (Keras' train function) at one size.
 
-    Keras' train function runs on the batch as given (as `train_on_batch` does), one copy of
-    it on the device's allocator, as on a GPU (see `memfit.backend.tf.on_device`): no pipeline
-    holds a second copy in the (CPU-emulated) device's memory, as it would not on a GPU,
-    where tf.data's buffers live in host memory.
+    Keras' train function runs on the batch as given (as `train_on_batch` does): no pipeline
+    holds a second copy of the batch in the (CPU-emulated) device's memory, as it would not
+    on a GPU, where tf.data's buffers live in host memory.
     """
     from memfit.backend import tf as tfb
     from memfit.models import _call_factory, load_model
@@ -35,7 +34,7 @@ def train_steps(
     dataset = _call_factory(data) if data else None
     workload = Workload(model, input_shape=input_shape, data=dataset)
     try:
-        x, y = tfb.on_device(workload.batch(batch_size))
+        x, y = workload.batch(batch_size)
         start = time.perf_counter()
         for _ in range(steps):
             _train_once(workload.model, x, y)
@@ -97,7 +96,7 @@ def search_child(
         else:
             for attempt in range(2):
                 try:
-                    x, y = tfb.on_device(workload.batch(size))
+                    x, y = workload.batch(size)
                     for _ in range(steps):
                         _train_once(workload.model, x, y)
                     del x, y

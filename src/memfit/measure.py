@@ -282,14 +282,7 @@ def measure_workload(
                 )
                 result.peak_bytes = resident + needed
                 return result
-            try:
-                # On the device's allocator, as a training batch is (see `tfb.on_device`).
-                x, y = tfb.on_device(workload.batch(int(batch_size)))
-            except tf.errors.ResourceExhaustedError as exc:
-                result.oom = True
-                result.oom_message = f"the batch itself: {tfb.oom_summary(exc)}"
-                result.peak_bytes = (tfb.memory_info(device) or {"peak": resident})["peak"]
-                return result
+            x, y = workload.batch(int(batch_size))
             result.input_shapes = [list(t.shape[1:]) for t in tf.nest.flatten(x)]
             data = (x, y)
             if step is None:

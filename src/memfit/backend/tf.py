@@ -212,20 +212,6 @@ def assign_exact(variable: Any, value: Any) -> None:
     var.assign(tensor, read_value=False)
 
 
-def on_device(structure: Any) -> Any:
-    """Copies of a structure of tensors, made on the current device by its allocator.
-
-    An eager tensor made from a NumPy array may keep the array's buffer, or be copied by the
-    process-wide allocator, instead of the device's (see `assign_exact`): on a CPU device it
-    then takes no room in an emulated budget, where on a GPU a batch takes device memory.
-    Measured: a MobileNetV2 64 px step at batch 36 fitted a 256 MiB budget with its batch made
-    from NumPy and ran out of memory with the batch copied onto the device's allocator.
-    Call inside `tf.device(...)`.
-    """
-    tf = import_tf()
-    return tf.nest.map_structure(lambda t: tf.raw_ops.DeepCopy(x=t), structure)
-
-
 def reset_peak(device: str) -> None:
     """Reset the allocator's peak statistic on `device` to its current bytes."""
     tf = import_tf()
