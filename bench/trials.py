@@ -83,6 +83,7 @@ def search_child(
         }
     workload = Workload(model, input_shape=input_shape, data=dataset)
     device = tfb.default_device()
+    tf = tfb.import_tf()
     trials: list[dict[str, Any]] = []
 
     def runs(size: int) -> bool:
@@ -110,7 +111,7 @@ def search_child(
                     # the per-step container; seen on RetinaNet), which no search could go on
                     # from. Then, once, a fresh train function (one trace more) and the trial
                     # again; Lightning's PyTorch loop has no trace to break.
-                    if attempt or "AlreadyExists" not in type(exc).__name__:
+                    if attempt or not isinstance(exc, tf.errors.AlreadyExistsError):
                         raise
                     note = "retried on a fresh train function (AlreadyExistsError)"
                     workload.model.make_train_function(force=True)

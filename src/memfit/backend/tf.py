@@ -203,8 +203,8 @@ def assign_exact(variable: Any, value: Any) -> None:
     """
     tf = import_tf()
     var = getattr(variable, "value", variable)  # the tf.Variable behind a Keras variable
-    if "CPU" not in var.device.upper():
-        # Elsewhere the host value is copied onto the variable's device by the assign itself.
+    if tf.DeviceSpec.from_string(var.device).device_type == "GPU":
+        # There the assign itself copies the host value onto the variable's device.
         var.assign(value, read_value=False)
         return
     with tf.device(var.device):
