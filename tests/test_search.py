@@ -10,6 +10,8 @@ import json
 import pytest
 from helpers import run_cli, run_isolated
 
+from memfit.search import _envelope, _next_guess
+
 BUDGET_MIB = 256
 FIT = """
 import json, sys
@@ -206,3 +208,15 @@ def test_cli_batch_json_and_errors():
         lines = proc.stderr.strip().splitlines()
         assert lines[-1].startswith("memfit: error:") and fragment in lines[-1], proc.stderr
         assert "Traceback" not in proc.stderr
+
+
+def test_a_lower_peak_at_a_larger_size_does_not_stretch_the_next_guess():
+    # Near the limit a measured peak can fall as the batch grows (allocator jitter): here 35
+    # measured below 34. The true peak does not fall, so the next guess predicts from 34's:
+    # one size on, where predicting from 35's own peak would jump four sizes past the limit.
+    mib = 2**20
+    measured = {1: 58.8, 4: 74.0, 12: 123.7, 31: 230.0, 34: 251.0, 35: 234.8}
+    peaks = {size: int(value * mib) for size, value in measured.items()}
+    guess, predicted, near = _next_guess(peaks, 35, None, 96, 256 * mib)
+    assert near and guess == 36 and predicted > 251 * mib
+    assert _envelope(peaks)[35] == peaks[34] and _envelope(peaks)[31] == peaks[31]
