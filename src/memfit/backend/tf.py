@@ -178,6 +178,10 @@ def memory_info(device: str) -> dict[str, int] | None:
     Calling this initialises TensorFlow's runtime.
     """
     tf = import_tf()
+    if "CPU" in device.upper() and os.environ.get(ENV_CPU_BFC, "").lower() not in ("true", "1"):
+        # Some TensorFlow builds answer for the default CPU allocator too, with zeros: it
+        # keeps no statistics (a step "measured" 0 bytes).
+        return None
     try:
         info = tf.config.experimental.get_memory_info(device)
     except (ValueError, RuntimeError):
