@@ -8,7 +8,9 @@ clearly) without it.
 from __future__ import annotations
 
 import os
+import re
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -36,13 +38,55 @@ def _quiet_logs() -> None:
     os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
 
+# Lines TensorFlow's C++ libraries print on import before their logging reads
+# TF_CPP_MIN_LOG_LEVEL (absl's notice, once per library, and oneDNN's INFO line): seen with
+# TF 2.21 on an AVX-512 CPU, where they came before every one-line error of the CLI.
+_IMPORT_NOISE = re.compile(
+    r"All log messages before absl::InitializeLog\(\) is called are written to STDERR"
+    r"|\] oneDNN custom operations are on\."
+)
+
+
 def import_tf() -> ModuleType:
-    """Import TensorFlow, or raise a `BackendMissingError` that says what to install."""
+    """Import TensorFlow, or raise a `BackendMissingError` that says what to install.
+
+    The first import drops the INFO lines TensorFlow prints before its logging reads
+    `TF_CPP_MIN_LOG_LEVEL` (when that hides INFO, memfit's default); other output passes.
+    """
     _quiet_logs()
     try:
-        import tensorflow as tf
+        if "tensorflow" in sys.modules or os.environ.get("TF_CPP_MIN_LOG_LEVEL", "0") == "0":
+            import tensorflow as tf
+        else:
+            tf = _import_filtering_noise()
     except ImportError as exc:
         raise BackendMissingError(f"TensorFlow is not installed ({exc}); {INSTALL_HINT}") from None
+    return tf
+
+
+def _import_filtering_noise() -> ModuleType:
+    """`import tensorflow` with file descriptor 2 captured, and written back without the
+    known import-time INFO lines."""
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError):  # no real stderr (embedded interpreters)
+        import tensorflow as tf
+
+        return tf
+    with tempfile.TemporaryFile() as capture:
+        os.dup2(capture.fileno(), 2)
+        try:
+            import tensorflow as tf
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            capture.seek(0)
+            text = capture.read().decode(errors="replace")
+            kept = [line for line in text.splitlines(True) if not _IMPORT_NOISE.search(line)]
+            if kept:
+                sys.stderr.write("".join(kept))
+                sys.stderr.flush()
     return tf
 
 
