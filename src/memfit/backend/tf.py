@@ -155,9 +155,15 @@ def set_cpu_allocator_limit(limit_bytes: int) -> None:
     os.environ[ENV_ONEDNN] = "0"
 
 
+def cpu_bfc_enabled() -> bool:
+    """Whether this process's environment asks for TensorFlow's BFC CPU allocator (the only
+    CPU allocator that keeps memory statistics)."""
+    return os.environ.get(ENV_CPU_BFC, "").lower() in ("true", "1")
+
+
 def cpu_allocator_limit() -> int | None:
     """The BFC CPU allocator limit set in this process's environment, in bytes, if any."""
-    if os.environ.get(ENV_CPU_BFC, "").lower() not in ("true", "1"):
+    if not cpu_bfc_enabled():
         return None
     limit = os.environ.get(ENV_CPU_BFC_LIMIT_MB)
     return int(limit) * 1024 * 1024 if limit and limit.isdigit() else None
@@ -222,7 +228,7 @@ def memory_info(device: str) -> dict[str, int] | None:
     Calling this initialises TensorFlow's runtime.
     """
     tf = import_tf()
-    if "CPU" in device.upper() and os.environ.get(ENV_CPU_BFC, "").lower() not in ("true", "1"):
+    if "CPU" in device.upper() and not cpu_bfc_enabled():
         # Some TensorFlow builds answer for the default CPU allocator too, with zeros: it
         # keeps no statistics (a step "measured" 0 bytes).
         return None
