@@ -46,7 +46,12 @@ def train_steps(
 
 
 def search_child(
-    method: str, spec: str, steps: int, input_shape: list[int] | None, data: str | None
+    method: str,
+    spec: str,
+    steps: int,
+    input_shape: list[int] | None,
+    data: str | None,
+    soak_steps: int = 0,
 ) -> dict[str, Any]:
     """Child side: one whole search in this process, as the original tools run theirs.
 
@@ -70,7 +75,13 @@ def search_child(
     if method == "memfit_in_process":
         start = time.perf_counter()
         result = find_batch_size(
-            model, budget, margin=0.0, data=dataset, input_shape=input_shape, isolated=False
+            model,
+            budget,
+            margin=0.0,
+            data=dataset,
+            input_shape=input_shape,
+            isolated=False,
+            soak_steps=soak_steps,
         )
         return {
             "found": result.batch_size,
@@ -78,7 +89,7 @@ def search_child(
                 {"batch_size": t.batch_size, "oom": not t.fits, "seconds": t.seconds}
                 for t in result.trials
             ],
-            "steps": 2 * len(result.trials),  # one warm-up and one measured step per trial
+            "steps": sum(t.steps for t in result.trials),
             "seconds": time.perf_counter() - start,
         }
     workload = Workload(model, input_shape=input_shape, data=dataset)

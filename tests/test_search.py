@@ -10,7 +10,7 @@ import json
 import pytest
 from helpers import run_cli, run_isolated
 
-from memfit.search import _envelope, _next_guess
+from memfit.search import _after_failed_soak, _envelope, _next_guess
 
 BUDGET_MIB = 256
 FIT = """
@@ -125,11 +125,22 @@ def test_search_brackets_the_limit_with_real_ooms(searches):
     assert sorted(decided) == [size, failing]
     assert decided[size]["fits"] and decided[size]["peak_bytes"] <= BUDGET_MIB * 2**20
     assert decided[failing]["oom"] and not decided[failing]["fits"]
+    # The answer held for the soak: a warm-up and 8 measured steps after its first trial.
+    assert result["soak_steps"] == 8
+    assert decided[size]["soak"] and decided[size]["steps"] == 9
     # Few trials, predicted from the peaks (doubling + bisection from 2 would need about 11
-    # here); every size at most once, and the first trial ran in a fresh process.
-    sizes = [t["batch_size"] for t in result["trials"]]
-    assert len(sizes) <= 8 and len(set(sizes)) == len(sizes)
-    assert result["trials"][0]["fresh"]
+    # here); every size at most once before the soak, and the first in a fresh process.
+    trials = result["trials"]
+    searched = [t["batch_size"] for t in trials if not t["soak"]]
+    assert len(searched) <= 8 and len(set(searched)) == len(searched)
+    assert trials[0]["fresh"]
+    # Soaks come last, each of a smaller size than the one before (which failed it).
+    soaks = [t for t in trials if t["soak"]]
+    assert trials[-len(soaks) :] == soaks and soaks[-1]["batch_size"] == size
+    assert all(
+        not a["fits"] and b["batch_size"] < a["batch_size"]
+        for a, b in zip(soaks, soaks[1:], strict=False)
+    )
 
 
 @pytest.mark.slow
@@ -202,6 +213,7 @@ def test_cli_batch_json_and_errors():
     for args, fragment in (
         (["--margin", "1.5"], "not a share of the budget"),
         (["--max-batch", "0"], "not a batch size"),
+        (["--soak-steps", "-1"], "'--soak-steps': -1 is not in the range"),
         (["--memory", "24MiB"], "weights and optimizer state alone"),
     ):
         proc = run_cli("batch", "keras.applications.MobileNetV2", "--input-shape", "32,32,3", *args)
@@ -221,3 +233,18 @@ def test_a_lower_peak_at_a_larger_size_does_not_stretch_the_next_guess():
     guess, predicted, near = _next_guess(peaks, 35, None, 96, 256 * mib)
     assert near and guess == 36 and predicted > 251 * mib
     assert _envelope(peaks)[35] == peaks[34] and _envelope(peaks)[31] == peaks[31]
+
+
+def test_a_size_that_fails_its_soak_gives_way_to_one_predicted_to_hold():
+    mib = 2**20
+    peaks = {1: 60 * mib, 4: 74 * mib, 12: 124 * mib, 30: 220 * mib}
+    limit = int(0.95 * 256 * mib)
+    # Over 8 more steps, 30's peak rose from 220 to 250 MiB (x1.136), past the 243 MiB limit;
+    # 5.33 MiB a sample (12 to 30). With the same rise, 28 stays within (237.8 MiB) and 29
+    # does not (243.9 MiB).
+    assert _after_failed_soak(peaks, 30, 250 * mib, limit) == 28
+    # An OOM (no peak to go by) or a rise too small to predict from: one less.
+    assert _after_failed_soak(peaks, 30, None, limit) == 29
+    assert _after_failed_soak(peaks, 30, limit, limit) == 29
+    # Never below 0 (nothing left to soak).
+    assert _after_failed_soak({1: 200 * mib}, 1, 400 * mib, limit) == 0

@@ -343,6 +343,14 @@ def _margin(_ctx: click.Context, _param: click.Parameter, value: float) -> float
     help="Share of the budget kept free at the batch found.",
 )
 @click.option(
+    "--soak-steps",
+    type=click.IntRange(min=0),
+    default=8,
+    show_default=True,
+    help="Training steps the size found must hold for before it is the answer (a step's "
+    "peak rises over the first steps of training); 0 answers after two steps.",
+)
+@click.option(
     "--in-process",
     is_flag=True,
     help="Load MODEL in this process too; the trials run on a saved copy in a child "
@@ -355,6 +363,7 @@ def batch(
     model: str,
     max_batch: int | None,
     margin: float,
+    soak_steps: int,
     in_process: bool,
     input_shape: Any,
     classes: int | None,
@@ -396,6 +405,8 @@ def batch(
                 + (
                     f"  (predicted {format_size(trial.predicted_peak_bytes)})"
                     if trial.predicted_peak_bytes
+                    else f"  (over {trial.steps - 1} steps)"
+                    if trial.soak
                     else ""
                 )
                 + f"  {trial.seconds:.1f} s"
@@ -414,6 +425,7 @@ def batch(
             optimizer=optimizer,
             loss=loss,
             isolated=not in_process,
+            soak_steps=soak_steps,
             on_trial=show,
         )
     if as_json:

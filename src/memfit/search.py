@@ -28,6 +28,12 @@ CALIBRATION_GROWTH = 3
 # Near the limit, the next size goes at most this share further than the largest that fits
 # (a prediction can overshoot: an OOM costs a trial in a fresh process).
 NEAR_STEP = 0.125
+# Steps the size found trains before it is the answer (a soak): near the limit a step's peak
+# rises over the first steps of training as the allocator's free chunks split up (BFC hands a
+# request a whole free chunk up to twice its size), so a size that ran two steps can run out
+# of memory a few steps later (MobileNetV2 224 px under 2.3 GiB: 35 ran 3 steps and ran out at
+# the 4th, 33 at the 6th).
+DEFAULT_SOAK_STEPS = 8
 # An in-process search with a dataset hands its largest samples, at most this many, to the
 # child process that measures.
 CHILD_SAMPLES = 512
@@ -39,7 +45,9 @@ class Trial:
 
     `fresh`: the first trial of a fresh process (later ones run on an allocator that earlier
     trials used). `deciding`: one of the two trials the answer rests on (the largest size
-    that fits, the smallest that fails).
+    that fits, the smallest that fails). `steps`: training steps run (a warm-up and measured
+    ones; the peak is the largest of the measured). `soak`: the steps that check a size
+    found holds over more steps of training.
     """
 
     batch_size: int
@@ -50,6 +58,8 @@ class Trial:
     fits: bool = False
     deciding: bool = False
     fresh: bool = False
+    steps: int = 2
+    soak: bool = False
 
 
 @dataclass
@@ -72,6 +82,7 @@ class BatchSearchResult:
         seconds: wall time of the search.
         decided_in: `"child_process"` (the trials ran in a child process, replaced after an
             OOM) or `"this_process"` (the model could not be saved for a child).
+        soak_steps: measured steps the answer trained before it was given (0: not soaked).
     """
 
     batch_size: int
@@ -86,6 +97,7 @@ class BatchSearchResult:
     largest_sample: dict[str, Any] | None = None
     seconds: float = 0.0
     decided_in: str = "child_process"
+    soak_steps: int = 0
 
     @property
     def headroom_bytes(self) -> int | None:
@@ -114,6 +126,7 @@ class BatchSearchResult:
             "largest_sample": self.largest_sample,
             "trials": [asdict(t) for t in self.trials],
             "decided_in": self.decided_in,
+            "soak_steps": self.soak_steps,
             "search_seconds": self.seconds,
         }
 
@@ -132,6 +145,8 @@ class BatchSearchResult:
             f"{format_size(self.budget.usable_bytes)} with a {self.margin:.0%} margin; "
             f"{len(self.trials)} trials)"
         )
+        if self.soak_steps:
+            text += f"; it held for {self.soak_steps} more training steps"
         if self.worst_case_samples:
             text += "; measured on the dataset's largest samples, so it holds for all of them"
         return text
@@ -155,6 +170,7 @@ def find_batch_size(
     optimizer: Any = None,
     loss: Any = None,
     isolated: bool = False,
+    soak_steps: int = DEFAULT_SOAK_STEPS,
     on_trial: Callable[[Trial], None] | None = None,
 ) -> BatchSearchResult:
     """Find the largest batch size whose training step fits the budget, from measurements.
@@ -169,7 +185,10 @@ def find_batch_size(
     after the other in one child process, which leaves their updates in place (the allocator
     sees what training would). A step that runs out of memory is answered as soon as it
     stalls in TensorFlow's allocator retry (`AllocatorStallWatch`), and the next trial runs in
-    a spare child started when the sizes got near the limit.
+    a spare child started when the sizes got near the limit. The size found then trains
+    `soak_steps` more steps (a soak): a step's peak rises over the first steps of training,
+    and a size whose soak runs out of memory or past the limit gives way to the next smaller
+    size predicted to hold, soaked in turn.
 
     The model in this process is never touched: the child loads the MODEL string
     (`isolated=True`) or a saved copy of the model (and of the dataset's largest samples). A
@@ -192,6 +211,8 @@ def find_batch_size(
         loss: loss to compile with (default: the model's own).
         isolated: `model` is a MODEL string the child loads, so this process needs no
             TensorFlow state at all.
+        soak_steps: measured training steps the size found must hold for before it is the
+            answer (default 8; 0 answers after two steps, as Lightning's three-step trials).
         on_trial: called with each `Trial` as it completes (progress displays).
 
     Returns:
@@ -209,6 +230,8 @@ def find_batch_size(
         raise MemfitError(f"margin must be a share of the budget from 0 to below 1, got {margin!r}")
     if max_batch is not None and (isinstance(max_batch, bool) or int(max_batch) < 1):
         raise MemfitError(f"max batch must be at least 1, got {max_batch!r}")
+    if isinstance(soak_steps, bool) or not isinstance(soak_steps, int) or soak_steps < 0:
+        raise MemfitError(f"soak steps must be a whole number from 0, got {soak_steps!r}")
     resolved = as_budget(budget) or emulated_budget()
     if resolved is None:
         raise MemfitError(
@@ -220,7 +243,7 @@ def find_batch_size(
         model, resolved, data, input_shape, optimizer, loss, isolated, data is not None
     )
     try:
-        result = _search(runner, resolved, max_batch, float(margin), on_trial)
+        result = _search(runner, resolved, max_batch, float(margin), soak_steps, on_trial)
     finally:
         runner.close()
     result.seconds = time.perf_counter() - started
@@ -363,8 +386,9 @@ class _TrialRunner:
         )
         ordered.save(path)
 
-    def measure(self, batch_size: int) -> tuple[Measurement, bool]:
-        """One trial: a warm-up and a measured step of `batch_size` on the relaxed trace.
+    def measure(self, batch_size: int, repeats: int = 1) -> tuple[Measurement, bool]:
+        """One trial: a warm-up and `repeats` measured steps of `batch_size` on the relaxed
+        trace.
 
         Two steps, not one: near the limit a size's second step can run out of memory where
         its first fitted (MobileNetV2 64 px under 256 MiB: one-step trials found 36, and
@@ -377,7 +401,7 @@ class _TrialRunner:
             m = measure_workload(
                 self.workload,
                 batch_size,
-                repeats=1,
+                repeats=repeats,
                 device=self.device,
                 budget=self.budget,
                 exact=False,
@@ -389,7 +413,7 @@ class _TrialRunner:
         self._worker_trials += 1
         try:
             result = self.worker.call(
-                batch_size=int(batch_size), repeats=1, exact=False, restore=False
+                batch_size=int(batch_size), repeats=int(repeats), exact=False, restore=False
             )
         except MemfitError:
             self.worker.close()
@@ -435,6 +459,7 @@ def _search(
     budget: Budget,
     max_batch: int | None,
     margin: float,
+    soak_steps: int,
     on_trial: Callable[[Trial], None] | None,
 ) -> BatchSearchResult:
     limit = int(budget.usable_bytes * (1 - margin))
@@ -454,12 +479,13 @@ def _search(
     )
     peaks: dict[int, int] = {}  # sizes that fit -> measured peak
 
-    def trial(size: int, predicted: int | None) -> bool:
+    def trial(size: int, predicted: int | None, soak: int = 0) -> bool:
         start = time.perf_counter()
-        m, fresh = run.measure(size)
+        m, fresh = run.measure(size, repeats=soak or 1)
         ok = not m.oom and m.peak_bytes is not None and m.peak_bytes <= limit
         seconds = time.perf_counter() - start
         t = Trial(size, m.oom, m.peak_bytes, seconds, predicted, ok, fresh=fresh)
+        t.steps, t.soak = 1 + (soak or 1), bool(soak)
         result.trials.append(t)
         if run.resident_bytes is None:
             run.resident_bytes = m.resident_bytes
@@ -501,6 +527,22 @@ def _search(
             lo = guess
         else:
             hi = guess
+    # The soak: the size found trains more steps; while its peak rises out of the budget, the
+    # next smaller size predicted to hold is soaked instead.
+    while soak_steps and lo >= 1:
+        run.expect_oom()
+        if trial(lo, None, soak=soak_steps):
+            break
+        soaked = result.trials[-1].peak_bytes
+        hi, lo = lo, _after_failed_soak(peaks, lo, soaked if soaked else None, limit)
+        for size in [s for s in peaks if s >= hi]:
+            del peaks[size]
+    if lo < 1:
+        result.stopped_by = "nothing_fits"
+        result.failing_batch_size = 1
+        result.peak_bytes = result.trials[-1].peak_bytes
+        return result
+    result.soak_steps = soak_steps
     result.batch_size = lo
     result.peak_bytes = peaks[lo]
     result.failing_batch_size = hi
@@ -553,6 +595,26 @@ def _next_guess(
     guess = max(lo + 1, min(guess, upper))
     predicted = int(peaks[sizes[-1]] + slope * (guess - sizes[-1])) if slope > 0 else None
     return guess, predicted, near
+
+
+def _after_failed_soak(
+    peaks: dict[int, int], size: int, soaked_peak: int | None, limit: int
+) -> int:
+    """The next size to soak after `size` failed its soak (0 when none is left).
+
+    The soak's peak, over the peak of `size`'s first trial, is how much training raised the
+    step's peak; the next size is the largest predicted to stay within the limit when its
+    peak rises as much (from the peaks made non-decreasing), and at most one less. After an
+    OOM (no peak to go by) it is one less.
+    """
+    below = size - 1
+    envelope = _envelope(peaks)
+    base, slope = envelope.get(size), _slope(envelope)
+    if soaked_peak is None or not base or slope <= 0 or soaked_peak <= limit:
+        return below
+    rise = soaked_peak / base
+    over = base * rise - limit
+    return max(0, min(below, size - math.ceil(over / (slope * rise))))
 
 
 def _envelope(peaks: dict[int, int]) -> dict[int, int]:
