@@ -7,6 +7,8 @@ one run, each as its tool runs it, and only the search is timed:
   child process on one relaxed trace (a spare child takes over after an OOM), one warm-up
   and one measured step per trial, an OOM answered when the step stalls in the allocator's
   retry;
+- memfit_soak: `memfit batch` as it runs by default, with its soak (the size found trains 8 more
+  steps before it is the answer; compared with the sustained maximum below);
 - memfit_in_process: the same search given the model loaded in the search's own process
   (`--in-process`, the Python API's default: the trials run on a saved copy in a child);
 - Lightning `power` and `binsearch` (init 2, 3 `train_on_batch` steps per trial, see
@@ -17,6 +19,10 @@ one run, each as its tool runs it, and only the search is timed:
 The ground truth is the largest size that trains 3 steps without OOM in a fresh process:
 the bracket the methods saw (largest size that ran, smallest above it that failed),
 bisected with 1-size resolution, the final pair (runs, size+1 fails) confirmed by fresh runs.
+The sustained maximum is the largest size that trains `--sustain-steps` steps (default 20) in a
+fresh process: near the limit a step's peak rises over the first steps, and a size that trains
+3 steps can run out of memory at the 4th. Searched down from the 3-step truth (sizes 1, 2, 4, ...
+below it until one trains, then bisected).
 
     python -m bench.batch_search            # all four models (about an hour on 2 cores)
     python -m bench.batch_search --quick    # MobileNetV2, no Accelerate (under 10 minutes)
@@ -67,7 +73,15 @@ STEPS = 3
 # ground truth and the baselines are three-step trials, and a soak answers the (lower) size
 # that still fits after more steps of training.
 SOAK_STEPS = 0
-METHODS = ["memfit", "memfit_in_process", "lightning_power", "lightning_binsearch", "accelerate"]
+SUSTAIN_STEPS = 20
+METHODS = [
+    "memfit",
+    "memfit_soak",
+    "memfit_in_process",
+    "lightning_power",
+    "lightning_binsearch",
+    "accelerate",
+]
 SEARCH_TIMEOUT = 3600.0
 
 
@@ -79,11 +93,13 @@ def _progress(method: str) -> Any:
     return report
 
 
-def run_isolated_memfit(case: Case, budget: Any, seen: dict[int, list[bool]]) -> dict[str, Any]:
-    """memfit's default: every trial in a fresh child process (the CLI without --in-process)."""
+def run_isolated_memfit(
+    case: Case, budget: Any, seen: dict[int, list[bool]], soak_steps: int = SOAK_STEPS
+) -> dict[str, Any]:
+    """memfit's default: the trials in a child process (the CLI without --in-process)."""
     import memfit
 
-    report = _progress("memfit")
+    report = _progress("memfit" if not soak_steps else "memfit_soak")
 
     def on_trial(trial: memfit.Trial) -> None:
         seen.setdefault(trial.batch_size, []).append(trial.fits)
@@ -94,7 +110,7 @@ def run_isolated_memfit(case: Case, budget: Any, seen: dict[int, list[bool]]) ->
         case.spec,
         budget,
         margin=0.0,
-        soak_steps=SOAK_STEPS,
+        soak_steps=soak_steps,
         isolated=True,
         input_shape=case.input_shape,
         data=case.data,
@@ -196,7 +212,35 @@ def ground_truth(case: Case, budget: Any, seen: dict[int, list[bool]]) -> dict[s
     return {"true_max": lo, "anomalies": anomalies, **runs.log.to_dict()}
 
 
-def bench_case(name: str, case: Case, methods: list[str]) -> dict[str, Any]:
+def sustained_truth(case: Case, budget: Any, start: int, steps: int) -> dict[str, Any]:
+    """Largest size that trains `steps` steps in a fresh process, searched down from `start`
+    (the 3-step truth): `start`, then 1, 2, 4, ... below it until one trains, then bisected."""
+    runs = ChildTrials(
+        case.spec, budget, steps, case.input_shape, case.data, {}, _progress("sustained")
+    )
+    if start < 1:
+        return {"sustained_max": 0, "steps": steps, **runs.log.to_dict()}
+    if runs(start):
+        return {"sustained_max": start, "steps": steps, **runs.log.to_dict()}
+    hi, drop = start, 1
+    lo = 0
+    while hi - drop >= 1:
+        if runs(hi - drop):
+            lo = hi - drop
+            break
+        hi, drop = hi - drop, drop * 2
+    while lo and hi - lo > 1:
+        mid = (lo + hi) // 2
+        if runs(mid):
+            lo = mid
+        else:
+            hi = mid
+    return {"sustained_max": lo, "steps": steps, **runs.log.to_dict()}
+
+
+def bench_case(
+    name: str, case: Case, methods: list[str], sustain_steps: int = SUSTAIN_STEPS
+) -> dict[str, Any]:
     from memfit.budget import Budget
 
     budget = Budget.from_size(case.budget)
@@ -207,6 +251,10 @@ def bench_case(name: str, case: Case, methods: list[str]) -> dict[str, Any]:
         console.print(f"  [bold]{method}[/bold]")
         if method == "memfit":
             results[method] = run_isolated_memfit(case, budget, seen)
+            continue
+        if method == "memfit_soak":
+            # Its soaks are longer trials than the 3-step truth's: kept out of what it reuses.
+            results[method] = run_isolated_memfit(case, budget, {}, soak_steps=8)
             continue
         started = time.perf_counter()
         try:
@@ -227,9 +275,17 @@ def bench_case(name: str, case: Case, methods: list[str]) -> dict[str, Any]:
     console.print("  [bold]ground truth[/bold]")
     truth = ground_truth(case, budget, seen)
     true_max = truth["true_max"]
+    sustained = None
+    if sustain_steps:
+        console.print(f"  [bold]sustained maximum ({sustain_steps} steps)[/bold]")
+        sustained = sustained_truth(case, budget, true_max, sustain_steps)
+    sustained_max = sustained["sustained_max"] if sustained else None
     for result in results.values():
         found = result["found"]
         result["share_of_true_max"] = found / true_max if true_max and found else None
+        result["share_of_sustained_max"] = (
+            found / sustained_max if sustained_max and found else None
+        )
         result["wall_ratio_memfit_to_this"] = (
             results["memfit"]["seconds"] / result["seconds"]
             if "memfit" in results and found is not None
@@ -241,6 +297,8 @@ def bench_case(name: str, case: Case, methods: list[str]) -> dict[str, Any]:
         "budget": case.budget,
         "true_max": true_max,
         "ground_truth": truth,
+        "sustained_max": sustained_max,
+        "sustained": sustained,
         "methods": results,
     }
 
@@ -250,9 +308,11 @@ def table(report: dict[str, Any]) -> Table:
     for column in (
         "model",
         "true max",
+        "sustained",
         "method",
         "found",
         "found/true",
+        "found/sustained",
         "trials",
         "steps",
         "wall s",
@@ -265,9 +325,13 @@ def table(report: dict[str, Any]) -> Table:
             out.add_row(
                 name if i == 0 else "",
                 str(case["true_max"]) if i == 0 else "",
+                str(case.get("sustained_max")) if i == 0 else "",
                 method,
                 str(r["found"]) if r["found"] is not None else "failed",
                 f"{r['share_of_true_max']:.0%}" if r["share_of_true_max"] is not None else "-",
+                f"{r['share_of_sustained_max']:.0%}"
+                if r.get("share_of_sustained_max") is not None
+                else "-",
                 str(len(r["trials"])),
                 str(r["steps"]),
                 f"{r['seconds']:.0f}",
@@ -283,6 +347,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--models", nargs="+", choices=sorted(CASES), help="models to run")
     parser.add_argument("--methods", nargs="+", choices=METHODS, help="methods to run")
+    parser.add_argument(
+        "--sustain-steps",
+        type=int,
+        default=None,
+        metavar="N",
+        help=f"steps the sustained maximum trains (default {SUSTAIN_STEPS}, with --quick 0: "
+        "not measured)",
+    )
     parser.add_argument("--out", metavar="PATH", help="write the results here as JSON")
     args = parser.parse_args(argv)
     # The children import bench.models (the RetinaNet) from the repository root.
@@ -290,12 +362,15 @@ def main(argv: list[str] | None = None) -> int:
     names = args.models or (QUICK if args.quick else list(CASES))
     chosen = args.methods or (QUICK_METHODS if args.quick else METHODS)
     methods = ["memfit", *[m for m in chosen if m != "memfit"]]
+    sustain_steps = args.sustain_steps
+    if sustain_steps is None:
+        sustain_steps = 0 if args.quick else SUSTAIN_STEPS
     started = time.perf_counter()
     report: dict[str, Any] = {"models": {}}
 
     report["machine"] = describe("CPU BFC capped at the budget, oneDNN off (memfit emulation)")
     for name in names:
-        report["models"][name] = bench_case(name, CASES[name], methods)
+        report["models"][name] = bench_case(name, CASES[name], methods, sustain_steps)
         report["seconds"] = time.perf_counter() - started
         if args.out:  # after each model, so a long run keeps what it has measured
             with open(args.out, "w") as handle:
