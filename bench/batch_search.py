@@ -19,7 +19,7 @@ one run, each as its tool runs it, and only the search is timed:
 The ground truth is the largest size that trains 3 steps without OOM in a fresh process:
 the bracket the methods saw (largest size that ran, smallest above it that failed),
 bisected with 1-size resolution, the final pair (runs, size+1 fails) confirmed by fresh runs.
-The sustained maximum is the largest size that trains `--sustain-steps` steps (default 20) in a
+The sustained maximum is the largest size that trains `--sustain-steps` steps (default 12) in a
 fresh process: near the limit a step's peak rises over the first steps, and a size that trains
 3 steps can run out of memory at the 4th. Searched down from the 3-step truth (sizes 1, 2, 4, ...
 below it until one trains, then bisected).
@@ -73,7 +73,7 @@ STEPS = 3
 # ground truth and the baselines are three-step trials, and a soak answers the (lower) size
 # that still fits after more steps of training.
 SOAK_STEPS = 0
-SUSTAIN_STEPS = 20
+SUSTAIN_STEPS = 12
 METHODS = [
     "memfit",
     "memfit_soak",
