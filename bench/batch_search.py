@@ -45,6 +45,7 @@ from rich.table import Table
 from bench.machine import describe
 from bench.trials import ROOT, ChildTrials
 from memfit.errors import MeasurementError
+from memfit.search import DEFAULT_SOAK_STEPS
 
 console = Console(stderr=True)
 
@@ -218,13 +219,10 @@ def sustained_truth(case: Case, budget: Any, start: int, steps: int) -> dict[str
     runs = ChildTrials(
         case.spec, budget, steps, case.input_shape, case.data, {}, _progress("sustained")
     )
-    if start < 1:
-        return {"sustained_max": 0, "steps": steps, **runs.log.to_dict()}
-    if runs(start):
-        return {"sustained_max": start, "steps": steps, **runs.log.to_dict()}
-    hi, drop = start, 1
-    lo = 0
-    while hi - drop >= 1:
+    lo, hi, drop = 0, start, 1
+    if start >= 1 and runs(start):
+        lo = hi = start
+    while lo < hi and hi - drop >= 1:
         if runs(hi - drop):
             lo = hi - drop
             break
@@ -254,7 +252,7 @@ def bench_case(
             continue
         if method == "memfit_soak":
             # Its soaks are longer trials than the 3-step truth's: kept out of what it reuses.
-            results[method] = run_isolated_memfit(case, budget, {}, soak_steps=8)
+            results[method] = run_isolated_memfit(case, budget, {}, DEFAULT_SOAK_STEPS)
             continue
         started = time.perf_counter()
         try:

@@ -484,8 +484,17 @@ def _search(
         m, fresh = run.measure(size, repeats=soak or 1)
         ok = not m.oom and m.peak_bytes is not None and m.peak_bytes <= limit
         seconds = time.perf_counter() - start
-        t = Trial(size, m.oom, m.peak_bytes, seconds, predicted, ok, fresh=fresh)
-        t.steps, t.soak = 1 + (soak or 1), bool(soak)
+        t = Trial(
+            size,
+            m.oom,
+            m.peak_bytes,
+            seconds,
+            predicted,
+            ok,
+            fresh=fresh,
+            steps=1 + (soak or 1),
+            soak=bool(soak),
+        )
         result.trials.append(t)
         if run.resident_bytes is None:
             run.resident_bytes = m.resident_bytes
@@ -533,8 +542,7 @@ def _search(
         run.expect_oom()
         if trial(lo, None, soak=soak_steps):
             break
-        soaked = result.trials[-1].peak_bytes
-        hi, lo = lo, _after_failed_soak(peaks, lo, soaked if soaked else None, limit)
+        hi, lo = lo, _after_failed_soak(peaks, lo, result.trials[-1].peak_bytes, limit)
         for size in [s for s in peaks if s >= hi]:
             del peaks[size]
     if lo < 1:
@@ -605,7 +613,8 @@ def _after_failed_soak(
     The soak's peak, over the peak of `size`'s first trial, is how much training raised the
     step's peak; the next size is the largest predicted to stay within the limit when its
     peak rises as much (from the peaks made non-decreasing), and at most one less. After an
-    OOM (no peak to go by) it is one less.
+    OOM the soak's peak is what was in use when it failed (a lower bound of the rise); with
+    no peak, or none above the limit, it is one less.
     """
     below = size - 1
     envelope = _envelope(peaks)
@@ -613,8 +622,7 @@ def _after_failed_soak(
     if soaked_peak is None or not base or slope <= 0 or soaked_peak <= limit:
         return below
     rise = soaked_peak / base
-    over = base * rise - limit
-    return max(0, min(below, size - math.ceil(over / (slope * rise))))
+    return max(0, min(below, size - math.ceil((soaked_peak - limit) / (slope * rise))))
 
 
 def _envelope(peaks: dict[int, int]) -> dict[int, int]:
