@@ -3,10 +3,10 @@
 Every method searches the same model under the same emulated budget, one after the other in
 one run, each as its tool runs it, and only the search is timed:
 
-- memfit: `find_batch_size(..., margin=0)` as `memfit batch` runs it — every trial in one
-  child process on one relaxed trace (a spare child takes over after an OOM), one warm-up
-  and one measured step per trial, an OOM answered when the step stalls in the allocator's
-  retry;
+- memfit: `find_batch_size(..., margin=0, soak_steps=0)` as `memfit batch --soak-steps 0` runs
+  it — every trial in one child process on one relaxed trace (a spare child takes over after an
+  OOM), one measured step per trial (and a warm-up in a fresh process), an OOM answered when
+  the step stalls in the allocator's retry;
 - memfit_soak: `memfit batch` as it runs by default, with its soak (the size found trains 8 more
   steps before it is the answer; compared with the sustained maximum below);
 - memfit_in_process: the same search given the model loaded in the search's own process

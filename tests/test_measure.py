@@ -132,6 +132,30 @@ def test_measure_from_a_dataset_of_samples():
     assert out == {"shapes": [[16]], "oom": False}
 
 
+def test_a_trace_that_has_run_is_measured_from_its_first_step():
+    # The search's later trials skip the warm-up (`warm_up=False`): the steps run are the
+    # measured ones, each counted, and the updates stay when `restore=False`.
+    out = run_isolated(
+        """
+        import memfit, keras, tensorflow as tf
+        from memfit.measure import measure_workload
+        from memfit.workload import Workload
+        model = keras.Sequential([keras.Input((16,)), keras.layers.Dense(4)])
+        model.compile("adam", "mse")
+        work = Workload(model)
+        runs = []
+        for warm_up in (True, False):
+            before = int(model.optimizer.iterations.numpy())
+            m = measure_workload(work, 8, repeats=2, device="CPU:0", budget=None, exact=False,
+                                 restore=False, warm_up=warm_up)
+            runs.append([int(model.optimizer.iterations.numpy()) - before, len(m.peaks_bytes)])
+        emit(runs)
+        """,
+        env={"MEMFIT_MEMORY": "128MiB"},
+    )
+    assert out == [[3, 2], [2, 2]]
+
+
 def test_isolated_measurement_of_a_model_object_and_spec():
     out = run_isolated(
         """

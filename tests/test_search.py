@@ -248,3 +248,23 @@ def test_a_size_that_fails_its_soak_gives_way_to_one_predicted_to_hold():
     assert _after_failed_soak(peaks, 30, limit, limit) == 29
     # Never below 0 (nothing left to soak).
     assert _after_failed_soak({1: 200 * mib}, 1, 400 * mib, limit) == 0
+
+
+def test_near_the_limit_the_guess_stays_one_short_of_the_predicted_limit():
+    mib = 2**20
+    # ResNet50 under 3.25 GiB (margin 0), one search: from 1, 4 and 12 the line through them
+    # (86.5 MiB a sample) put 33 at 3152 MiB; it measured 3290. A guess one short of the
+    # largest predicted to fit, then one up at a time, spends a step where overshooting
+    # spends a fresh process.
+    limit = int(3.25 * 1024 * mib)
+    peaks = {1: 411 * mib, 4: 656 * mib, 12: 1362 * mib, 28: 2800 * mib}
+    # 12 to 28 is 89.9 MiB a sample: 5.9 sizes of room. One short of 28 + 5 is 28 + 4, and
+    # 1/8 of 28 caps the step at 3.
+    guess, _, near = _next_guess(peaks, 28, None, 96, limit)
+    assert near and guess == 31
+    # 2.9 sizes of room from 31: one short of 33 is 32.
+    peaks[31] = 3070 * mib
+    assert _next_guess(peaks, 31, None, 96, limit)[0] == 32
+    # Less than two sizes of room: the next size up, never the same size again.
+    peaks[32] = 3200 * mib
+    assert _next_guess(peaks, 32, None, 96, limit)[0] == 33

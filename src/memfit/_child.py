@@ -114,7 +114,11 @@ def open_measurer(
     budget = emulated_budget()
 
     def measure(
-        batch_size: int, repeats: int, exact: bool = True, restore: bool = True
+        batch_size: int,
+        repeats: int,
+        exact: bool = True,
+        restore: bool = True,
+        warm_up: bool = True,
     ) -> dict[str, Any]:
         _check_batch_size(batch_size)
         tfb.require_memory_stats(device)
@@ -128,6 +132,7 @@ def open_measurer(
                 micro_batches=micro_batches,
                 exact=exact,
                 restore=restore,
+                warm_up=warm_up,
             ).to_dict()
 
     return measure

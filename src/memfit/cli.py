@@ -347,8 +347,9 @@ def _margin(_ctx: click.Context, _param: click.Parameter, value: float) -> float
     type=click.IntRange(min=0),
     default=8,
     show_default=True,
-    help="Training steps the size found must hold for before it is the answer (a step's "
-    "peak rises over the first steps of training); 0 answers after two steps.",
+    help="Training steps the size found must hold for, from a fresh start, before it is the "
+    "answer (a step's peak rises over the first steps of training); 0 answers from the "
+    "search's one-step trials.",
 )
 @click.option(
     "--in-process",
@@ -405,7 +406,7 @@ def batch(
                 + (
                     f"  (predicted {format_size(trial.predicted_peak_bytes)})"
                     if trial.predicted_peak_bytes
-                    else f"  (over {trial.steps - 1} steps)"
+                    else f"  (over {trial.steps - (1 if trial.fresh else 0)} steps)"
                     if trial.soak
                     else ""
                 )

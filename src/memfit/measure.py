@@ -224,6 +224,7 @@ def measure_workload(
     micro_batches: int = 1,
     exact: bool = True,
     restore: bool = True,
+    warm_up: bool = True,
 ) -> Measurement:
     """Measure a prepared Workload (see `measure`); reuses its ranked samples and traces.
 
@@ -231,7 +232,9 @@ def measure_workload(
     `Workload.train_function`): faster across many sizes, peaks a few percent high.
     `restore=False` leaves the steps' updates in place (for a throwaway process: no copy of
     the state is kept, and the variables keep their buffers, so the allocator's layout is
-    what training would have).
+    what training would have). `warm_up=False` measures from the first step, for a process
+    whose trace has already run (its graph optimised, its allocator in use): there a new
+    size's first step peaks as high as its second.
     """
     tf = tfb.import_tf()
     model = workload.model
@@ -290,7 +293,7 @@ def measure_workload(
                 started = time.perf_counter()
                 step = workload.train_function(data, exact=exact)
                 result.trace_seconds = time.perf_counter() - started
-            for index in range(repeats + 1):
+            for index in range(0 if warm_up else 1, repeats + 1):
                 progress(
                     f"batch {batch_size}: tracing and warm-up step"
                     if index == 0

@@ -21,12 +21,15 @@ DEFAULT_MARGIN = 0.05
 # Without a cap, the search stops doubling here.
 DEFAULT_MAX_BATCH = 65536
 PROBE_BATCH = 4
-# How far short of a long extrapolation's prediction the search aims (see _next_guess).
-FAR_SHORTFALL = 0.08
+# How far short of a long extrapolation's prediction the search aims (see _next_guess): its
+# peak has come out 5% either side of the prediction, about two samples at 20-30 sizes on, and
+# a size past the limit costs a fresh process (3-5 steps' time) where one short costs a step.
+FAR_SHORTFALL = 0.12
 # A calibration trial goes at most this many times further than the largest size measured.
 CALIBRATION_GROWTH = 3
-# Near the limit, the next size goes at most this share further than the largest that fits
-# (a prediction can overshoot: an OOM costs a trial in a fresh process).
+# Near the limit, the next size goes at most this share further than the largest that fits,
+# and one short of the largest predicted to fit (a prediction can overshoot: an OOM costs a
+# trial in a fresh process).
 NEAR_STEP = 0.125
 # Steps the size found trains before it is the answer (a soak): near the limit a step's peak
 # rises over the first steps of training as the allocator's free chunks split up (BFC hands a
@@ -45,9 +48,9 @@ class Trial:
 
     `fresh`: the first trial of a fresh process (later ones run on an allocator that earlier
     trials used). `deciding`: one of the two trials the answer rests on (the largest size
-    that fits, the smallest that fails). `steps`: training steps run (a warm-up and measured
-    ones; the peak is the largest of the measured). `soak`: the steps that check a size
-    found holds over more steps of training.
+    that fits, the smallest that fails). `steps`: training steps run (a warm-up in a fresh
+    process, then the measured ones; the peak is the largest of the measured). `soak`: the
+    steps that check a size found holds over more steps of training, from a fresh start.
     """
 
     batch_size: int
@@ -178,17 +181,18 @@ def find_batch_size(
     Peaks measured at batch 1 and 4 give the step's memory per sample; each next size is
     predicted from the peaks so far: far from the limit a little short of it and at most 3x
     further (peaks are not linear in the batch: a long extrapolation can be far off), near it
-    the largest size predicted to fit (at most 1/8 further), until a size that fits and one
-    that fails are next to each other (or within the margin). A surprise peak or an OOM only
-    narrows the bracket. Each trial is a warm-up and a measured step; the trials share one
-    trace with a relaxed batch dimension (traced once, while the child starts) and run one
-    after the other in one child process, which leaves their updates in place (the allocator
-    sees what training would). A step that runs out of memory is answered as soon as it
-    stalls in TensorFlow's allocator retry (`AllocatorStallWatch`), and the next trial runs in
-    a spare child started when the sizes got near the limit. The size found then trains
-    `soak_steps` more steps (a soak): a step's peak rises over the first steps of training,
-    and a size whose soak runs out of memory or past the limit gives way to the next smaller
-    size predicted to hold, soaked in turn.
+    one short of the largest size predicted to fit (at most 1/8 further) and then up one at a
+    time, until a size that fits and one that fails are next to each other (or within the
+    margin). A surprise peak or an OOM only narrows the bracket. The trials share one trace
+    with a relaxed batch dimension (traced once, while the child starts) and run one after
+    the other in one child process, which leaves their updates in place (the allocator sees
+    what training would); each is one measured step, after a warm-up step in a fresh
+    process. A step that runs out of memory is answered as soon as it stalls in TensorFlow's
+    allocator retry (`AllocatorStallWatch`), and the next trial runs in a spare child started
+    when the sizes got near the limit. The size found then trains `soak_steps` more steps in
+    a fresh process (a soak): a step's peak rises over the first steps of training, and a
+    size whose soak runs out of memory or past the limit gives way to the next smaller size
+    predicted to hold, soaked in turn.
 
     The model in this process is never touched: the child loads the MODEL string
     (`isolated=True`) or a saved copy of the model (and of the dataset's largest samples). A
@@ -211,8 +215,8 @@ def find_batch_size(
         loss: loss to compile with (default: the model's own).
         isolated: `model` is a MODEL string the child loads, so this process needs no
             TensorFlow state at all.
-        soak_steps: measured training steps the size found must hold for before it is the
-            answer (default 8; 0 answers after two steps, as Lightning's three-step trials).
+        soak_steps: measured training steps the size found must hold for, from a fresh
+            start, before it is the answer (default 8; 0 answers from the search's trials).
         on_trial: called with each `Trial` as it completes (progress displays).
 
     Returns:
@@ -284,6 +288,7 @@ class _TrialRunner:
         self.worker: Any = None
         self.spare: Any = None
         self._worker_trials = 0
+        self._local_trials = 0
         self._child_kwargs: dict[str, Any] | None = None
         self.note: str | None = None
         shapes = [list(s) for s in _shapes(input_shape)] if input_shape else None
@@ -387,17 +392,22 @@ class _TrialRunner:
         ordered.save(path)
 
     def measure(self, batch_size: int, repeats: int = 1) -> tuple[Measurement, bool]:
-        """One trial: a warm-up and `repeats` measured steps of `batch_size` on the relaxed
-        trace.
+        """One trial: `repeats` measured steps of `batch_size` on the relaxed trace, after a
+        warm-up step in a fresh process.
 
-        Two steps, not one: near the limit a size's second step can run out of memory where
-        its first fitted (MobileNetV2 64 px under 256 MiB: one-step trials found 36, and
-        `model.fit` ran out of memory at 34; two-step trials find 34 there).
+        A fresh process's first steps optimise the graph and find an empty allocator, and its
+        first step peaks below the ones after it: a warm-up step is run and not counted. Once
+        the trace has run, a new size's first step peaks as high as its second (MobileNetV2
+        224 px, sizes 30-34 after 1, 4 and 12 in one process: first minus second step -50
+        to +50 MiB, both ways), so later trials measure from their first step. A trial
+        passes only if every step it ran fitted.
 
         Returns the measurement and whether it was the first trial of a fresh process (the
         allocator's history of earlier trials moves the limit by a sample or two).
         """
         if self.worker is None:
+            fresh = self._local_trials == 0
+            self._local_trials += 1
             m = measure_workload(
                 self.workload,
                 batch_size,
@@ -405,15 +415,20 @@ class _TrialRunner:
                 device=self.device,
                 budget=self.budget,
                 exact=False,
+                warm_up=fresh,
             )
-            return m, False
+            return m, fresh
         from memfit.isolate import measurement_from_child
 
         fresh = self._worker_trials == 0
         self._worker_trials += 1
         try:
             result = self.worker.call(
-                batch_size=int(batch_size), repeats=int(repeats), exact=False, restore=False
+                batch_size=int(batch_size),
+                repeats=int(repeats),
+                exact=False,
+                restore=False,
+                warm_up=fresh,
             )
         except MemfitError:
             self.worker.close()
@@ -422,11 +437,12 @@ class _TrialRunner:
         if self.resident_bytes is None and self.worker.resident is not None:
             self.resident_bytes = self.worker.resident
         if measurement.oom:
-            self._take_spare()
+            self.fresh_process()
         return measurement, fresh
 
-    def _take_spare(self) -> None:
-        """Go on in a fresh process (the spare, if one was started): after an OOM."""
+    def fresh_process(self) -> None:
+        """Go on in a fresh process (the spare, if one was started): after an OOM, and
+        before a soak, which trains the size found from a fresh start as training would."""
         if self.worker is None or self._worker_trials == 0:
             return
         self.worker.shutdown(kill=True)
@@ -492,7 +508,7 @@ def _search(
             predicted,
             ok,
             fresh=fresh,
-            steps=1 + (soak or 1),
+            steps=(soak or 1) + (1 if fresh else 0),
             soak=bool(soak),
         )
         result.trials.append(t)
@@ -539,6 +555,7 @@ def _search(
     # The soak: the size found trains more steps; while its peak rises out of the budget, the
     # next smaller size predicted to hold is soaked instead.
     while soak_steps and lo >= 1:
+        run.fresh_process()
         run.expect_oom()
         if trial(lo, None, soak=soak_steps):
             break
@@ -570,13 +587,16 @@ def _next_guess(
     Far from the limit (more than half again the largest size that fits), the guess aims a
     little short and goes at most `CALIBRATION_GROWTH` times further: peaks are not linear
     in the batch, and a size that fits teaches the slope over a longer range, where an OOM
-    would also cost a fresh process. Near the limit it goes for the largest size predicted
-    to fit: peaks there grow more slowly than further down (the allocator's rounding leaves
-    less slack as memory runs short), so that size usually fits and the size above it
-    closes the bracket. A size that failed more than two above the largest that fits shows
-    the peaks overestimated the room: the guess then stays a tenth of the gap below it, and
-    no higher than halfway for small gaps (each OOM costs a fresh process; a size that fits
-    lets the next ones run in the same process).
+    would also cost a fresh process. Near the limit it goes one short of the largest size
+    predicted to fit, and then up one at a time: peaks there grow faster than the line
+    through smaller sizes predicts (ResNet50 under 3.25 GiB: 33 predicted at 3152 MiB from
+    1, 4 and 12, measured 3290), a size that fits costs one more step in the same process,
+    and one that fails a fresh process besides (its graph optimised again, a warm-up step),
+    so the size above the last that fitted usually closes the bracket. A size that failed
+    more than two above the largest that fits shows the peaks overestimated the room: the
+    guess then stays a tenth of the gap below it, and no higher than halfway for small gaps
+    (each OOM costs a fresh process; a size that fits lets the next ones run in the same
+    process).
 
     Returns the guess, its predicted peak, and whether it is near the limit.
     """
@@ -594,7 +614,7 @@ def _next_guess(
             reach *= 1 - FAR_SHORTFALL
             guess = b + min(math.floor(reach), (CALIBRATION_GROWTH - 1) * b)
         else:
-            guess = b + max(1, min(math.floor(reach), math.floor(b * NEAR_STEP)))
+            guess = b + max(1, min(math.floor(reach) - 1, math.floor(b * NEAR_STEP)))
     if guess is None:
         # Prediction unusable (flat or falling peaks): double, or bisect.
         guess = lo * 2 if hi is None else (lo + hi) // 2
