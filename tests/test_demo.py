@@ -18,7 +18,7 @@ def test_quick_demo_shows_every_step(tmp_path) -> None:
     proc = run_cli("demo", "--quick", "--out", str(out), "--json", timeout=1200)
     assert proc.stdout.strip(), proc.stderr[-3000:]
     result = json.loads(proc.stdout)
-    failed = [(s["name"], s["problem"]) for s in result["steps"] if not s["ok"]]
+    failed = [(s["name"], s["problem"], s["details"]) for s in result["steps"] if not s["ok"]]
     assert proc.returncode == 0 and not failed, failed
     names = [s["name"].split(":")[0] for s in result["steps"]]
     assert names[:3] == ["doctor", "data check", "estimate and measure"]
