@@ -192,6 +192,41 @@ def test_a_dataset_with_one_huge_image_is_searched_with_it(searches):
 
 
 @pytest.mark.slow
+def test_a_model_that_cannot_be_saved_is_searched_in_this_process():
+    # No child can rebuild it: the trials run here, the first with a warm-up step and the
+    # later ones one measured step each, the soak in this process too; the model's state is
+    # restored after each trial.
+    out = run_isolated(
+        """
+        import numpy as np, memfit, keras
+
+        class Unsaveable(keras.layers.Dense):
+            def get_config(self):
+                raise NotImplementedError("no config")
+
+        model = keras.Sequential([keras.Input((1024,)), Unsaveable(2048, activation="relu"),
+                                  keras.layers.Dense(10)])
+        model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        model.optimizer.build(model.trainable_variables)
+        before = [np.array(v.numpy()) for v in model.variables + model.optimizer.variables]
+        result = memfit.find_batch_size(model, margin=0.05, max_batch=4096, soak_steps=2)
+        after = [np.array(v.numpy()) for v in model.variables + model.optimizer.variables]
+        emit({**result.to_dict(),
+              "same": all(np.array_equal(a, b) for a, b in zip(before, after))})
+        """,
+        env={"MEMFIT_MEMORY": "64MiB"},
+    )
+    assert out["decided_in"] == "this_process" and out["same"]
+    assert out["batch_size"] >= 1 and out["soak_steps"] == 2
+    trials = out["trials"]
+    assert not any(t["fresh"] for t in trials)
+    assert trials[0]["steps"] == 2
+    assert all(t["steps"] == 1 for t in trials[1:] if not t["soak"])
+    soaks = [t for t in trials if t["soak"]]
+    assert soaks and soaks[-1]["steps"] == 2 and soaks[-1]["batch_size"] == out["batch_size"]
+
+
+@pytest.mark.slow
 def test_cli_batch_json_and_errors():
     proc = run_cli(
         "batch",

@@ -119,6 +119,7 @@ def open_measurer(
         exact: bool = True,
         restore: bool = True,
         warm_up: bool = True,
+        warm_up_batch: int | None = None,
     ) -> dict[str, Any]:
         _check_batch_size(batch_size)
         tfb.require_memory_stats(device)
@@ -133,6 +134,7 @@ def open_measurer(
                 exact=exact,
                 restore=restore,
                 warm_up=warm_up,
+                warm_up_batch=warm_up_batch,
             ).to_dict()
 
     return measure

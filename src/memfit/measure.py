@@ -225,6 +225,7 @@ def measure_workload(
     exact: bool = True,
     restore: bool = True,
     warm_up: bool = True,
+    warm_up_batch: int | None = None,
 ) -> Measurement:
     """Measure a prepared Workload (see `measure`); reuses its ranked samples and traces.
 
@@ -234,7 +235,9 @@ def measure_workload(
     the state is kept, and the variables keep their buffers, so the allocator's layout is
     what training would have). `warm_up=False` measures from the first step, for a process
     whose trace has already run (its graph optimised, its allocator in use): there a new
-    size's first step peaks as high as its second.
+    size's first step peaks as high as its second. `warm_up_batch` (with `exact=False`) runs
+    the warm-up step at that smaller size instead: the graph's optimisation without a full
+    step's compute, after which the size's first step peaks as high as its second too.
     """
     tf = tfb.import_tf()
     model = workload.model
@@ -293,6 +296,9 @@ def measure_workload(
                 started = time.perf_counter()
                 step = workload.train_function(data, exact=exact)
                 result.trace_seconds = time.perf_counter() - started
+            warm_data = data
+            if warm_up and not exact and warm_up_batch and warm_up_batch < batch_size:
+                warm_data = workload.batch(int(warm_up_batch))
             for index in range(0 if warm_up else 1, repeats + 1):
                 progress(
                     f"batch {batch_size}: tracing and warm-up step"
@@ -302,7 +308,7 @@ def measure_workload(
                 tfb.reset_peak(device)
                 start = time.perf_counter()
                 try:
-                    logs = step(data)
+                    logs = step(warm_data if index == 0 else data)
                     tf.nest.map_structure(lambda t: t.numpy() if hasattr(t, "numpy") else t, logs)
                     del logs
                 except tf.errors.ResourceExhaustedError as exc:
@@ -320,7 +326,7 @@ def measure_workload(
                     continue
                 times.append(elapsed)
                 result.peaks_bytes.append(peak)
-            del data, x, y
+            del data, warm_data, x, y
     finally:
         if saved is not None:
             _restore(state, saved)

@@ -391,7 +391,9 @@ class _TrialRunner:
         )
         ordered.save(path)
 
-    def measure(self, batch_size: int, repeats: int = 1) -> tuple[Measurement, bool]:
+    def measure(
+        self, batch_size: int, repeats: int = 1, soak: bool = False
+    ) -> tuple[Measurement, bool, bool]:
         """One trial: `repeats` measured steps of `batch_size` on the relaxed trace, after a
         warm-up step in a fresh process.
 
@@ -399,14 +401,17 @@ class _TrialRunner:
         first step peaks below the ones after it: a warm-up step is run and not counted. Once
         the trace has run, a new size's first step peaks as high as its second (MobileNetV2
         224 px, sizes 30-34 after 1, 4 and 12 in one process: first minus second step -50
-        to +50 MiB, both ways), so later trials measure from their first step. A trial
-        passes only if every step it ran fitted.
+        to +50 MiB, both ways; 32 after batch 1 alone: -21 and -15 MiB), so later trials
+        measure from their first step, and a fresh process's warm-up runs at batch 1 (the
+        graph's optimisation without a full step's compute). A soak (`soak=True`) warms up at
+        its own size, as training starts. A trial passes only if every step it ran fitted.
 
-        Returns the measurement and whether it was the first trial of a fresh process (the
-        allocator's history of earlier trials moves the limit by a sample or two).
+        Returns the measurement, whether it was the first trial of a fresh process (the
+        allocator's history of earlier trials moves the limit by a sample or two), and
+        whether it ran a warm-up step (the first trial in this process, when measured here).
         """
         if self.worker is None:
-            fresh = self._local_trials == 0
+            first = self._local_trials == 0
             self._local_trials += 1
             m = measure_workload(
                 self.workload,
@@ -415,9 +420,10 @@ class _TrialRunner:
                 device=self.device,
                 budget=self.budget,
                 exact=False,
-                warm_up=fresh,
+                warm_up=first,
+                warm_up_batch=None if soak else 1,
             )
-            return m, fresh
+            return m, False, first
         from memfit.isolate import measurement_from_child
 
         fresh = self._worker_trials == 0
@@ -429,6 +435,7 @@ class _TrialRunner:
                 exact=False,
                 restore=False,
                 warm_up=fresh,
+                warm_up_batch=None if soak else 1,
             )
         except MemfitError:
             self.worker.close()
@@ -438,7 +445,7 @@ class _TrialRunner:
             self.resident_bytes = self.worker.resident
         if measurement.oom:
             self.fresh_process()
-        return measurement, fresh
+        return measurement, fresh, fresh
 
     def fresh_process(self) -> None:
         """Go on in a fresh process (the spare, if one was started): after an OOM, and
@@ -497,7 +504,7 @@ def _search(
 
     def trial(size: int, predicted: int | None, soak: int = 0) -> bool:
         start = time.perf_counter()
-        m, fresh = run.measure(size, repeats=soak or 1)
+        m, fresh, warmed_up = run.measure(size, repeats=soak or 1, soak=bool(soak))
         ok = not m.oom and m.peak_bytes is not None and m.peak_bytes <= limit
         seconds = time.perf_counter() - start
         t = Trial(
@@ -508,7 +515,7 @@ def _search(
             predicted,
             ok,
             fresh=fresh,
-            steps=(soak or 1) + (1 if fresh else 0),
+            steps=(soak or 1) + (1 if warmed_up else 0),
             soak=bool(soak),
         )
         result.trials.append(t)
