@@ -406,7 +406,7 @@ def batch(
                 + (
                     f"  (predicted {format_size(trial.predicted_peak_bytes)})"
                     if trial.predicted_peak_bytes
-                    else f"  (over {trial.steps - (1 if trial.fresh else 0)} steps)"
+                    else f"  (over {soak_steps} steps)"
                     if trial.soak
                     else ""
                 )
