@@ -7,175 +7,131 @@ inline CSS. Every value that comes from the log (run and model names, messages) 
 from __future__ import annotations
 
 import html
-import json
 import math
 import os
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from typing import Any
 
 from memfit.errors import MemfitError
 from memfit.sizes import format_size
-from memfit.watch import KINDS, LOG_FORMAT
+from memfit.watch.findings import KINDS
+from memfit.watch.log import Run, read_log
 
 MIB = 1024 * 1024
 MAX_POINTS = 1500  # per line in a plot; longer series are reduced to min/max per bucket
 
-
-@dataclass
-class Run:
-    """One watched run, as read from its JSON-lines log.
-
-    Attributes:
-        path: the log file.
-        header: the run's configuration (the log's first line).
-        steps: one dict per training step.
-        findings: one dict per finding.
-        epochs: one dict per finished epoch.
-        end: the closing summary line, when the run ended cleanly.
-    """
-
-    path: str
-    header: dict[str, Any]
-    steps: list[dict[str, Any]] = field(default_factory=list)
-    findings: list[dict[str, Any]] = field(default_factory=list)
-    epochs: list[dict[str, Any]] = field(default_factory=list)
-    end: dict[str, Any] | None = None
-
-    @property
-    def name(self) -> str:
-        return str(self.header.get("name") or "run")
-
-    def summary(self) -> dict[str, Any]:
-        """Totals: steps, mean step time, input wait share, peak memory, estimate error."""
-        steps = self.steps
-        timed = [s for s in steps[5:] if _num(s.get("step_seconds"))] or [
-            s for s in steps if _num(s.get("step_seconds"))
-        ]
-        total = sum(s["step_seconds"] for s in timed)
-        waits = [s["input_wait_seconds"] for s in timed if _num(s.get("input_wait_seconds"))]
-        peaks = [s["memory_peak_bytes"] for s in steps if _num(s.get("memory_peak_bytes"))]
-        peak = max(peaks) if peaks else None
-        estimate = self.header.get("estimate_peak_bytes")
-        return {
-            "name": self.name,
-            "steps": len(steps),
-            "epochs": len(self.epochs),
-            "finished": self.end is not None,
-            "mean_step_seconds": round(total / len(timed), 6) if timed else None,
-            "input_wait_fraction": round(sum(waits) / total, 4) if waits and total else None,
-            "peak_bytes": peak,
-            "budget_bytes": self.header.get("budget_bytes"),
-            "estimate_peak_bytes": estimate,
-            "estimate_error_fraction": round((estimate - peak) / peak, 4)
-            if estimate and peak
-            else None,
-            "watch_overhead_fraction": (self.end or {}).get("watch_overhead_fraction"),
-            "findings": len(self.findings),
-        }
-
-    def to_dict(self) -> dict[str, Any]:
-        """What `memfit report --json` prints."""
-        return {
-            "log_path": self.path,
-            "header": self.header,
-            "summary": self.summary(),
-            "findings": self.findings,
-        }
+__all__ = ["Run", "build_html", "load_log", "log_to_dict", "write_html"]
 
 
-def load_run(path: str | os.PathLike[str]) -> Run:
-    """Read a `memfit.Watch` JSON-lines log; a `MemfitError` says what is wrong with it.
+def load_log(path: str | os.PathLike[str]) -> list[Run]:
+    """Read a `memfit.Watch` JSON-lines log: one `Run` per fit it watched.
+
+    A `MemfitError` says what is wrong with the file (missing, empty, cut off, no header).
 
     Args:
         path: the file `Watch(log_path=...)` wrote.
 
     Example:
         ```python
-        run = load_run("run.jsonl")
-        print(run.summary()["peak_bytes"], [f["kind"] for f in run.findings])
+        runs = load_log("run.jsonl")
+        print([run.summary()["peak_bytes"] for run in runs])
         ```
     """
-    path = os.fspath(path)
-    hint = "give the file memfit.Watch(log_path=...) wrote"
-    if not os.path.exists(path):
-        raise MemfitError(f"no such file: {path}; {hint}")
-    if os.path.isdir(path):
-        raise MemfitError(f"{path} is a folder, not a watch log; {hint}")
-    try:
-        with open(path, encoding="utf-8") as handle:
-            text = handle.read()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise MemfitError(f"cannot read {path} as a watch log ({exc}); {hint}") from None
-    lines = text.splitlines()
-    if not any(line.strip() for line in lines):
-        raise MemfitError(f"{path} is empty: the run wrote nothing (did it start?); {hint}")
-    run: Run | None = None
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            data = json.loads(line)
-        except json.JSONDecodeError as exc:
-            last = number == len(lines) and not text.endswith("\n")
-            what = (
-                "is cut off (the run may have been killed while writing it); delete that "
-                "line to report the rest"
-                if last
-                else f"is not JSON ({exc.msg}); the log is damaged"
-            )
-            raise MemfitError(f"{path} line {number} {what}") from None
-        if not isinstance(data, dict) or "type" not in data:
-            raise MemfitError(f"{path} line {number} is not a memfit watch log line; {hint}")
-        if run is None:
-            if data.get("type") != "header" or data.get("tool") != "memfit.watch":
-                raise MemfitError(
-                    f"{path} does not start with a memfit watch header, so it is not a watch "
-                    f"log; {hint}"
-                )
-            if int(data.get("format", 0) or 0) > LOG_FORMAT:
-                raise MemfitError(
-                    f"{path} was written by a newer memfit (log format {data.get('format')}); "
-                    f"upgrade memfit to report it"
-                )
-            run = Run(path=path, header=data)
-            continue
-        kind = data["type"]
-        if kind == "step":
-            if not isinstance(data.get("step"), int):
-                raise MemfitError(f"{path} line {number} is a step line without a step number")
-            run.steps.append(data)
-        elif kind == "finding":
-            run.findings.append(data)
-        elif kind == "epoch":
-            run.epochs.append(data)
-        elif kind == "end":
-            run.end = data
-    assert run is not None
-    return run
+    return read_log(path)
+
+
+def log_to_dict(runs: Sequence[Run]) -> dict[str, Any]:
+    """What `memfit report --json` prints: the whole log, and each fit in `runs`.
+
+    `header` is the first fit's; `summary` covers every fit (steps added up, the highest
+    peak); `findings` are all of them, each with its fit's index in `run`.
+    """
+    summaries = [run.summary() for run in runs]
+    peaks = [s["peak_bytes"] for s in summaries if s["peak_bytes"]]
+    first = summaries[0]
+    summary = {
+        **first,
+        "fits": len(runs),
+        "steps": sum(s["steps"] for s in summaries),
+        "epochs": sum(s["epochs"] for s in summaries),
+        "finished": all(s["finished"] for s in summaries),
+        "peak_bytes": max(peaks) if peaks else None,
+        "findings": sum(s["findings"] for s in summaries),
+    }
+    if len(runs) > 1:
+        for key in ("mean_step_seconds", "input_wait_fraction", "estimate_error_fraction"):
+            summary[key] = None  # per fit: see runs
+    return {
+        "log_path": runs[0].path,
+        "header": runs[0].header,
+        "summary": summary,
+        "findings": [{**f, "run": run.index} for run in runs for f in run.findings],
+        "runs": [run.to_dict() for run in runs],
+    }
 
 
 # -- HTML -------------------------------------------------------------------------------------
-def build_html(run: Run) -> str:
-    """The whole report page as one string (no scripts, no external resources)."""
+def build_html(runs: Run | Sequence[Run]) -> str:
+    """The whole report page as one string (no scripts, no external resources).
+
+    Args:
+        runs: the fits of one log (`load_log`), or one `Run`; each fit gets its own
+            section (findings, summary, plots, configuration).
+
+    Example:
+        ```python
+        page = build_html(load_log("run.jsonl"))
+        ```
+    """
+    e = _esc
+    runs = [runs] if isinstance(runs, Run) else list(runs)
+    if not runs:
+        raise MemfitError("the log holds no run to report")
+    first = runs[0]
+    parts: list[str] = []
+    add = parts.append
+    add("<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>")
+    add("<meta name='viewport' content='width=device-width, initial-scale=1'>")
+    add(f"<title>memfit report: {e(first.name)}</title>")
+    add(f"<style>{_CSS}</style></head><body>")
+    add(f"<h1>memfit report: <span class='name'>{e(first.name)}</span></h1>")
+    if len(runs) > 1:
+        add(f"<p class='sub'>{len(runs)} fits watched by one memfit.Watch, in order.</p>")
+        rows = []
+        for run in runs:
+            s = run.summary()
+            rows.append(
+                f"<tr><td><a href='#fit-{run.index + 1}'>fit {run.index + 1}</a></td>"
+                f"<td>{e(run.name)}</td><td>{s['steps']}</td><td>{e(_size(s['peak_bytes']))}</td>"
+                f"<td>{s['findings']}</td><td>{'yes' if s['finished'] else 'no'}</td></tr>"
+            )
+        add(
+            "<table class='fits'><tr><th>fit</th><th>name</th><th>steps</th><th>peak</th>"
+            "<th>findings</th><th>finished</th></tr>" + "".join(rows) + "</table>"
+        )
+    for run in runs:
+        _run_html(run, add, several=len(runs) > 1)
+    add("<p class='foot'>Written by memfit report from a memfit.Watch log.</p></body></html>")
+    return "\n".join(parts)
+
+
+def _run_html(run: Run, add: Any, several: bool) -> None:
+    """One fit's section: findings, summary, memory / time / loss plots, configuration."""
     e = _esc
     summary = run.summary()
     header = run.header
     steps = run.steps
+    suffix = f"-{run.index + 1}" if run.index else ""
     x = [float(s["step"]) for s in steps]
     epoch_marks = [(float(ep["step"]), f"epoch {ep['epoch'] + 1}") for ep in run.epochs[:-1]]
     event_marks = [
         (float(f["step"]), f["kind"])
         for f in run.findings
-        if f.get("kind") in ("oom", "oom_recovery", "memory_growth", "near_budget")
+        if f.get("kind") in ("oom", "oom_recovery", "memory_growth", "near_budget", "thrashing")
     ]
-
-    parts: list[str] = []
-    add = parts.append
-    add("<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>")
-    add("<meta name='viewport' content='width=device-width, initial-scale=1'>")
-    add(f"<title>memfit report: {e(run.name)}</title>")
-    add(f"<style>{_CSS}</style></head><body>")
-    add(f"<h1>memfit report: <span class='name'>{e(run.name)}</span></h1>")
+    add(f"<section class='fit' id='fit-{run.index + 1}'>")
+    if several:
+        add(f"<h2 class='fit'>Fit {run.index + 1}: <span class='name'>{e(run.name)}</span></h2>")
     state = "finished" if summary["finished"] else "did not finish (no end line)"
     add(
         f"<p class='sub'>{e(header.get('started') or '')} &middot; {e(header.get('device'))} "
@@ -214,7 +170,7 @@ def build_html(run: Run) -> str:
             hlines.append((header["estimate_peak_bytes"] / MIB, "estimate", "#9467bd"))
         add(
             _svg_plot(
-                "memory",
+                "memory" + suffix,
                 mem_series,
                 "MiB",
                 hlines=hlines,
@@ -235,7 +191,7 @@ def build_html(run: Run) -> str:
         time_series.append(
             ("waiting for input", "#ff7f0e", x, [_ms(s.get("input_wait_seconds")) for s in steps])
         )
-    add(_svg_plot("time", time_series, "ms", epochs=epoch_marks, robust=True))
+    add(_svg_plot("time" + suffix, time_series, "ms", epochs=epoch_marks, robust=True))
 
     losses = [_loss(s.get("loss")) for s in steps]
     if any(v is not None for v in losses):
@@ -247,7 +203,7 @@ def build_html(run: Run) -> str:
         ]
         add(
             _svg_plot(
-                "loss",
+                "loss" + suffix,
                 [("loss", "#8c564b", x, losses)],
                 "loss",
                 marks=marks,
@@ -288,19 +244,18 @@ def build_html(run: Run) -> str:
         if summary["estimate_error_fraction"] is not None:
             rows.append(("estimate error", f"{100 * summary['estimate_error_fraction']:+.1f}%"))
         add(_table(rows))
-    add("<p class='foot'>Written by memfit report from a memfit.Watch log.</p></body></html>")
-    return "\n".join(parts)
+    add("</section>")
 
 
-def write_html(run: Run, out: str | os.PathLike[str]) -> str:
-    """Write the report page to `out`; returns the path."""
+def write_html(runs: Run | Sequence[Run], out: str | os.PathLike[str]) -> str:
+    """Write the report page of `runs` (a log's fits, or one run) to `out`; returns the path."""
     out = os.fspath(out)
     directory = os.path.dirname(os.path.abspath(out))
     if not os.path.isdir(directory):
         raise MemfitError(f"cannot write {out}: folder {directory} does not exist")
     try:
         with open(out, "w", encoding="utf-8") as handle:
-            handle.write(build_html(run))
+            handle.write(build_html(runs))
     except OSError as exc:
         raise MemfitError(f"cannot write {out} ({exc.strerror}); choose another --out") from None
     return out

@@ -1,0 +1,723 @@
+"""`memfit.Watch`: the Keras callback. Imports Keras; `memfit.watch` loads it on first use."""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from memfit.backend import tf as tfb
+from memfit.budget import as_budget, emulated_budget
+from memfit.errors import MemfitError
+from memfit.watch import detectors
+from memfit.watch.console import WatchConsole
+from memfit.watch.findings import WatchFinding
+from memfit.watch.input_timing import first_input_shape, oom_of, timed_train_function
+from memfit.watch.log import LOG_FORMAT, TOOL, LogWriter, number, summarize
+
+keras = tfb.import_keras()
+
+# Process-wide: the memory left in use when each fit began (repeated fits / model builds).
+_FIT_STARTS: list[int] = []
+
+
+def _own_time(method: Callable[..., Any]) -> Callable[..., Any]:
+    """Count the time spent in a hook as Watch's own: its overhead on training."""
+
+    @functools.wraps(method)
+    def timed(self: Any, *args: Any, **kwargs: Any) -> Any:
+        started = time.perf_counter()
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            self._add_own(time.perf_counter() - started)
+
+    return timed
+
+
+class Watch(keras.callbacks.Callback):
+    """A Keras callback: per-step memory, time, input wait and loss; findings with a fix.
+
+    Use it with `model.fit(..., callbacks=[memfit.Watch()])` or in `memfit.fit`'s `callbacks`.
+    Each finding is printed once, when it first holds, and kept in `watch.findings`. With
+    `log_path` every step goes to a JSON-lines log that `memfit report` turns into one HTML
+    page; with `log_dir` memory, step time and input wait also go to TensorBoard. One `Watch`
+    may watch several fits: each is a run of its own (detectors start afresh, step numbers
+    from 0) and is appended to the log after its own header.
+
+    Findings: `memory_growth` (a leak, with its cause: retracing or tensors kept by Python;
+    across fits: models built again and again), `retracing`, `near_budget` (the peak nearly
+    fills the budget, or the memory trend reaches it: in about how many steps), `thrashing`
+    (steps at the budget's edge run slower), `input_bound`, `divergence` (explosion, a spike
+    that stays, a climb, a plateau; judged against the loss's own noise), `non_finite_loss`,
+    `oom` and `oom_recovery` (what changed from the steps before: input size, batch size,
+    memory in use, budget, or nothing; the fix in numbers: largest batch, image side, K).
+
+    Overhead: a few microseconds of allocator statistics per step, plus taking the next
+    batch eagerly (see `memfit.watch.input_timing`); nothing waits for the device that Keras
+    does not wait for already (`async_safe`: Keras may run `on_train_batch_end` in a thread).
+
+    Args:
+        log_path: write the JSON-lines log here (a header per fit, one line per step,
+            findings).
+        log_dir: write TensorBoard scalars (`memfit/...`) into this directory.
+        budget: the memory budget to judge headroom against (a `Budget`, a size, a card
+            name); default: the emulated budget, else the GPU's TensorFlow limit.
+        name: the run's name in the log and report (default: the model's name).
+        config: extra run configuration for the log (e.g. `{"remat": "none"}`).
+        estimate: an estimated peak to compare with the measured one: bytes, or any object
+            with `peak_bytes` (an estimate or a `memfit.Measurement`).
+        verbose: print findings (and a summary at the end) on the terminal.
+        measure_input: wrap the train function to time the input wait (see above).
+        warmup_steps: steps ignored by the memory and input detectors at the start
+            (tracing, allocator warm-up).
+        headroom: `near_budget` when the peak leaves less than this share of the budget.
+        input_bound_fraction: `input_bound` when waiting takes at least this share of a step
+            (and at least 5 ms a step).
+        growth_bytes: `memory_growth` needs at least this rise of the memory left in use...
+        growth_fraction: ... and at least this share of what was in use after warm-up.
+        spike_factor: `divergence` (spike) needs a loss this many times the recent median,
+            that stays up.
+        plateau_steps: `divergence` (plateau) when after this many steps the loss has not
+            fallen below 97% of where it started.
+
+    Example:
+        ```python
+        watch = memfit.Watch(log_path="run.jsonl")
+        model.fit(train_ds, epochs=5, callbacks=[watch])
+        for finding in watch.findings:
+            print(finding.kind, finding.cause, finding.fix)
+        # then: memfit report run.jsonl --out report.html
+        ```
+    """
+
+    def __init__(
+        self,
+        log_path: str | os.PathLike[str] | None = None,
+        log_dir: str | os.PathLike[str] | None = None,
+        *,
+        budget: Any = None,
+        name: str | None = None,
+        config: dict[str, Any] | None = None,
+        estimate: Any = None,
+        verbose: bool = True,
+        measure_input: bool = True,
+        warmup_steps: int = 5,
+        headroom: float = 0.1,
+        input_bound_fraction: float = 0.25,
+        growth_bytes: int = 1024 * 1024,
+        growth_fraction: float = 0.05,
+        spike_factor: float = 3.0,
+        plateau_steps: int = 200,
+    ) -> None:
+        super().__init__()
+        if config is not None and not isinstance(config, dict):
+            raise MemfitError(f"config must be a dict, got {type(config).__name__}")
+        for value, label in (
+            (headroom, "headroom"),
+            (input_bound_fraction, "input_bound_fraction"),
+        ):
+            if not 0 < float(value) < 1:
+                raise MemfitError(f"{label} must be between 0 and 1, got {value!r}")
+        self.log_path = os.fspath(log_path) if log_path is not None else None
+        self.log_dir = os.fspath(log_dir) if log_dir is not None else None
+        self.budget = as_budget(budget)
+        self.name = name
+        self.config = dict(config or {})
+        self.estimate_bytes = _estimate_bytes(estimate)
+        self.verbose = verbose
+        self.measure_input = measure_input
+        self.warmup_steps = max(0, int(warmup_steps))
+        self.headroom = float(headroom)
+        self.input_bound_fraction = float(input_bound_fraction)
+        self.growth_bytes = int(growth_bytes)
+        self.growth_fraction = float(growth_fraction)
+        self.spike_factor = float(spike_factor)
+        self.plateau_steps = int(plateau_steps)
+        # Keras may call on_train_batch_end from a thread pool (values already fetched there).
+        self.async_safe = True
+
+        self.findings: list[WatchFinding] = []
+        self.runs = 0  # fits begun
+        self._lock = threading.RLock()
+        self._console = WatchConsole()
+        self._log: LogWriter | None = None
+        self._writer: Any = None
+        self._device = "CPU:0"
+        self._stats = False
+        self._budget_bytes: int | None = None
+        self._new_run()
+
+    def _new_run(self) -> None:
+        """Per-fit state: series, detectors, counters."""
+        self.steps: list[dict[str, Any]] = []
+        self._fired: set[str] = set()
+        # Keras logs the epoch's running mean of the loss; per-step losses are derived from it
+        # in step order (on_train_batch_end may run in a thread pool, out of order).
+        self._pending: dict[int, tuple[int, int, float]] = {}  # step -> (epoch, batch, mean)
+        self._last_mean: tuple[int, int, float] | None = None
+        self._losses: dict[int, float] = {}  # step -> that step's own loss
+        self._loss_monitor = detectors.LossMonitor(
+            spike_factor=self.spike_factor, plateau_steps=self.plateau_steps
+        )
+        self._floors = detectors.Floors()
+        self._spe = 1
+        self._global = 0
+        self._epoch = 0
+        self._epoch_base = 0
+        self._started = time.perf_counter()
+        self._last_end: float | None = None
+        self._functions: list[Any] = []
+        self._guarded: Any = None
+        self._recoveries_seen = 0
+        self._original: Any = None
+        self._wrapped = False
+        self._traces_at_warmup: int | None = None
+        self._written = 0
+        self._tb_written = 0
+        self._fallback_begin: float | None = None
+        self._own_seconds = 0.0
+        self._start_budget_bytes: int | None = None
+        self._others_at_start: int | None = None
+
+    def _add_own(self, seconds: float) -> None:
+        with self._lock:
+            self._own_seconds += seconds
+
+    # -- Keras hooks --------------------------------------------------------------------------
+    @_own_time
+    def on_train_begin(self, logs: Any = None) -> None:
+        if self.runs:
+            self._new_run()
+        model = self.model
+        self._device = tfb.default_device()
+        info = tfb.memory_info(self._device)
+        self._stats = info is not None
+        budget = self.budget or emulated_budget()
+        self._budget_bytes = budget.usable_bytes if budget is not None else None
+        if self._budget_bytes is None and self._device.startswith("GPU"):
+            self._budget_bytes = tfb.device_memory_limit(self._device)
+        self._start_budget_bytes = self._budget_bytes
+        self._others_at_start = _others_on_gpu(self._device)
+        fn = model.train_function
+        self._guarded = getattr(fn, "guarded_step", None)
+        self._functions = tfb.traced_functions(fn) if self._guarded is None else []
+        self._recoveries_seen = len(self._guarded.summary.recoveries) if self._guarded else 0
+        single = getattr(model.distribute_strategy, "num_replicas_in_sync", 1) == 1
+        spe = int(getattr(model, "steps_per_execution", 1) or 1)
+        self._spe = spe
+        self._wrapped = bool(self.measure_input and fn is not None and spe == 1 and single)
+        if self._wrapped:
+            self._original = fn
+            model.train_function = timed_train_function(
+                fn, self._on_step, self._on_step_error, self._before_step
+            )
+        if self.log_path is not None and self._log is None:
+            self._log = LogWriter(self.log_path, append=self.runs > 0)
+        self._write(self._header(model, spe))
+        self.runs += 1
+        if self.log_dir is not None and self._writer is None:
+            self._writer = tfb.ScalarWriter(self.log_dir)
+        if info is not None:
+            self._check_repeated_fits(int(info["current"]))
+
+    @_own_time
+    def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
+        self._epoch = int(epoch)
+        self._epoch_base = self._global
+        self._last_end = None
+        self._fallback_begin = None
+
+    @_own_time
+    def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
+        if self._wrapped:
+            return
+        # Without the wrapper: step time from one batch's start to the next, no input wait.
+        now = time.perf_counter()
+        if self._fallback_begin is not None:
+            self._record(now - self._fallback_begin, None, None)
+        self._fallback_begin = now
+        if self._stats:
+            tfb.reset_peak(self._device)
+
+    @_own_time
+    def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+        loss = (logs or {}).get("loss")
+        if loss is None:
+            return
+        try:
+            value = float(loss)
+        except (TypeError, ValueError):
+            return
+        with self._lock:
+            self._pending[self._epoch_base + int(batch)] = (self._epoch, int(batch), value)
+            self._process_losses(final=False)
+
+    def _process_losses(self, final: bool) -> None:
+        """Turn running means into per-step losses, in step order, and check them."""
+        for step in sorted(self._pending):
+            epoch, batch, mean = self._pending[step]
+            last = self._last_mean
+            if last is not None and last[0] == epoch:
+                expected = last[1] + self._spe
+            else:
+                expected = self._spe - 1  # the first batch (group) of an epoch
+            if batch != expected and not final:
+                return  # an earlier step's logs have not arrived yet
+            del self._pending[step]
+            if last is not None and last[0] == epoch and batch > last[1]:
+                loss = ((batch + 1) * mean - (last[1] + 1) * last[2]) / (batch - last[1])
+            else:
+                loss = mean if batch == expected else math.nan
+            if not math.isfinite(mean):
+                loss = mean
+            self._last_mean = (epoch, batch, mean)
+            self._losses[step] = loss
+            found = self._loss_monitor.add(step, loss, epoch, self._lr())
+            if found is not None:
+                self._report(found)
+
+    @_own_time
+    def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+        if not self._wrapped and self._fallback_begin is not None:
+            self._record(time.perf_counter() - self._fallback_begin, None, None)
+            self._fallback_begin = None
+        epoch_logs = {k: number(v) for k, v in (logs or {}).items()}
+        with self._lock:  # Keras has run every on_train_batch_end of the epoch by now
+            self._process_losses(final=True)
+        self._flush(final=False)
+        self._write(
+            {"type": "epoch", "epoch": int(epoch), "step": self._global, "logs": epoch_logs}
+        )
+        self._write_tensorboard()
+        if self._log is not None:
+            self._log.flush()
+
+    @_own_time
+    def on_train_end(self, logs: Any = None) -> None:
+        self._unwrap()
+        with self._lock:
+            self._process_losses(final=True)
+        self._close()
+        if self.verbose:
+            self._console.summary(self.summary(), self.findings, self.log_path)
+
+    # -- the step wrapper's callbacks -----------------------------------------------------------
+    def _before_step(self) -> None:
+        started = time.perf_counter()
+        if self._stats:
+            tfb.reset_peak(self._device)
+        self._add_own(time.perf_counter() - started)
+
+    def _on_step(self, started: float, ready: float, ended: float, data: Any) -> None:
+        since = self._last_end if self._last_end is not None else started
+        self._last_end = ended
+        self._record(ended - since, ready - started, data)
+        self._add_own(time.perf_counter() - ended)
+
+    def _on_step_error(self, exc: BaseException, data: Any) -> None:
+        self._unwrap()
+        oom = oom_of(exc)
+        if oom is not None:
+            self._on_oom(oom, data)
+
+    def _unwrap(self) -> None:
+        if self._wrapped and self._original is not None and self.model is not None:
+            self.model.train_function = self._original
+        self._wrapped = False
+        self._original = None
+
+    # -- recording ----------------------------------------------------------------------------
+    def _record(self, step_seconds: float, wait: float | None, data: Any) -> None:
+        step = self._global
+        self._global += 1
+        current = peak = None
+        if self._stats:
+            info = tfb.memory_info(self._device)
+            if info is not None:
+                current, peak = info["current"], info["peak"]
+                guarded_peak = getattr(self._guarded, "last_peak_bytes", None)
+                if guarded_peak is not None:
+                    peak = max(guarded_peak, current)
+        traces = (
+            self._guarded.trace_count
+            if self._guarded is not None
+            else tfb.tracing_count(self._functions)
+            if self._functions
+            else None
+        )
+        shape = first_input_shape(data) if data is not None else None
+        if shape is None and self.steps:
+            shape = self.steps[-1]["input_shape"]
+        record = {
+            "type": "step",
+            "step": step,
+            "epoch": self._epoch,
+            "time_seconds": round(time.perf_counter() - self._started, 6),
+            "step_seconds": round(step_seconds, 6),
+            "input_wait_seconds": None if wait is None else round(wait, 6),
+            "memory_current_bytes": current,
+            "memory_peak_bytes": peak,
+            "traces": traces,
+            "batch_size": shape[0] if shape else None,
+            "input_shape": shape,
+        }
+        with self._lock:
+            self.steps.append(record)
+        if step == self.warmup_steps:
+            self._traces_at_warmup = traces
+        if self._guarded is not None:
+            self._check_recoveries(step)
+        if step >= self.warmup_steps:
+            self._check_memory(step, record)
+            if wait is not None and step % 5 == 0 and "input_bound" not in self._fired:
+                self._report(
+                    detectors.input_bound(
+                        self.steps,
+                        step,
+                        warmup_steps=self.warmup_steps,
+                        fraction=self.input_bound_fraction,
+                    )
+                )
+        if len(self.steps) - self._written >= 64:
+            self._flush(final=False)
+
+    def _check_memory(self, step: int, record: dict[str, Any]) -> None:
+        guarded = self._guarded is not None
+        if "retracing" not in self._fired:
+            self._report(
+                detectors.retracing(
+                    step,
+                    record["traces"],
+                    self._traces_at_warmup,
+                    self.warmup_steps,
+                    guarded=guarded,
+                )
+            )
+        current, peak = record["memory_current_bytes"], record["memory_peak_bytes"]
+        if current is None:
+            return
+        closed = self._floors.add(step, current, record["traces"] or 0)
+        if closed and "memory_growth" not in self._fired:
+            recent = [s["memory_peak_bytes"] or 0 for s in self.steps[-5:]]
+            self._report(
+                detectors.memory_growth(
+                    self._floors,
+                    step,
+                    budget_bytes=self._budget_bytes,
+                    recent_peak_bytes=max(recent) if recent else None,
+                    guarded=guarded,
+                    growth_bytes=self.growth_bytes,
+                    growth_fraction=self.growth_fraction,
+                )
+            )
+        if peak is None or not self._budget_bytes:
+            return
+        near = peak >= (1 - self.headroom) * self._budget_bytes
+        if "near_budget" not in self._fired and (closed or near):
+            self._report(
+                detectors.near_budget(
+                    self.steps,
+                    step,
+                    budget_bytes=self._budget_bytes,
+                    floors=self._floors,
+                    headroom=self.headroom,
+                    planned_steps=self._planned_steps(),
+                    growth_bytes=self.growth_bytes,
+                )
+            )
+        if "thrashing" not in self._fired and peak >= 0.95 * self._budget_bytes:
+            self._report(detectors.thrashing(self.steps, step, budget_bytes=self._budget_bytes))
+
+    def _planned_steps(self) -> int | None:
+        params = self.params or {}
+        epochs, steps = params.get("epochs"), params.get("steps")
+        if isinstance(epochs, int) and isinstance(steps, int) and epochs and steps:
+            return epochs * steps
+        return None
+
+    def _check_recoveries(self, step: int) -> None:
+        recoveries = self._guarded.summary.recoveries
+        for recovery in recoveries[self._recoveries_seen :]:
+            shape = list(recovery.input_shapes[0]) if recovery.input_shapes else None
+            diagnosis = detectors.diagnose_oom(
+                self.steps[:-1],
+                input_shape=shape,
+                batch_size=shape[0] if shape else None,
+                budget_bytes=self._budget_bytes,
+                start_budget_bytes=self._start_budget_bytes,
+                guarded=True,
+            )
+            self._found(
+                "oom_recovery",
+                step,
+                f"memfit.fit recovered from an out-of-memory error: {recovery}",
+                cause=(
+                    f"the {recovery.phase} of a step with {recovery.old_micro_batches} "
+                    f"micro-batch(es) needed more memory than the device had: {diagnosis.text}"
+                ),
+                fix=diagnosis.fix,
+                evidence={
+                    **diagnosis.evidence,
+                    "update": recovery.update,
+                    "phase": recovery.phase,
+                    "old_micro_batches": recovery.old_micro_batches,
+                    "new_micro_batches": recovery.new_micro_batches,
+                    "peak_bytes": recovery.peak_bytes,
+                    "recovery_seconds": round(recovery.seconds, 4),
+                },
+                once=False,
+                quiet=bool(getattr(self._guarded, "verbose", False)),
+            )
+        self._recoveries_seen = len(recoveries)
+
+    def _on_oom(self, exc: BaseException, data: Any) -> None:
+        info = tfb.memory_info(self._device) if self._stats else None
+        shape = first_input_shape(data)
+        budget_now = self._budget_bytes
+        others = _others_on_gpu(self._device)
+        if budget_now and others is not None and self._others_at_start is not None:
+            budget_now = max(0, budget_now - max(0, others - self._others_at_start))
+        diagnosis = detectors.diagnose_oom(
+            self.steps,
+            input_shape=shape,
+            batch_size=shape[0] if shape else None,
+            budget_bytes=budget_now,
+            start_budget_bytes=self._start_budget_bytes,
+            guarded=self._guarded is not None,
+        )
+        where = (
+            "memfit.fit could not split the step further (one sample per micro-batch)"
+            if self._guarded is not None
+            else "the step"
+        )
+        self._found(
+            "oom",
+            self._global,
+            f"{where} ran out of memory on a {detectors.shape_text(shape)} batch "
+            f"({tfb.oom_summary(exc)})",
+            cause=diagnosis.text,
+            fix=diagnosis.fix,
+            evidence={
+                **diagnosis.evidence,
+                "peak_bytes": info["peak"] if info else None,
+            },
+            severity="problem",
+        )
+        self._flush(final=True)
+        self._close()
+
+    def _check_repeated_fits(self, current: int) -> None:
+        _FIT_STARTS.append(current)
+        if "memory_growth" in self._fired:
+            return
+        self._report(
+            detectors.repeated_fits(
+                _FIT_STARTS,
+                self._global,
+                growth_bytes=self.growth_bytes,
+                growth_fraction=self.growth_fraction,
+            )
+        )
+
+    # -- findings and output ------------------------------------------------------------------
+    def _report(self, finding: WatchFinding | None) -> None:
+        if finding is not None:
+            self._found(
+                finding.kind,
+                finding.step,
+                finding.message,
+                finding.cause,
+                finding.fix,
+                finding.evidence,
+                finding.severity,
+                epoch=finding.epoch,
+            )
+
+    def _found(
+        self,
+        kind: str,
+        step: int,
+        message: str,
+        cause: str,
+        fix: str,
+        evidence: dict[str, Any],
+        severity: str = "warning",
+        *,
+        epoch: int | None = None,
+        once: bool = True,
+        quiet: bool = False,
+    ) -> None:
+        with self._lock:
+            if once and kind in self._fired:
+                return
+            self._fired.add(kind)
+            finding = WatchFinding(
+                kind=kind,
+                step=step,
+                epoch=self._epoch if epoch is None else epoch,
+                message=message,
+                cause=cause,
+                fix=fix,
+                evidence=evidence,
+                severity=severity,
+                run=max(0, self.runs - 1),
+            )
+            self.findings.append(finding)
+            self._write({"type": "finding", **finding.to_dict()})
+            if self.verbose and not quiet:
+                self._console.finding(finding)
+
+    def _lr(self) -> dict[str, Any]:
+        try:
+            return {"learning_rate": float(self.model.optimizer.learning_rate)}
+        except Exception:  # noqa: BLE001 - a schedule or a missing optimizer: no number
+            return {}
+
+    def _header(self, model: Any, spe: int) -> dict[str, Any]:
+        versions = tfb.versions()
+        params = self.params or {}
+        try:
+            policy = keras.mixed_precision.dtype_policy().name
+        except Exception:  # noqa: BLE001
+            policy = None
+        optimizer = getattr(model, "optimizer", None)
+        config: dict[str, Any] = {
+            "epochs": params.get("epochs"),
+            "steps_per_epoch": params.get("steps"),
+            "steps_per_execution": spe,
+            "precision": policy,
+            "optimizer": type(optimizer).__name__ if optimizer is not None else None,
+            "micro_batches": getattr(self._guarded, "micro_batches", None),
+            "memfit_fit": self._guarded is not None,
+            "parameters": int(model.count_params()) if model.built else None,
+        }
+        config.update(self._lr())
+        config.update(self.config)
+        budget = self.budget or emulated_budget()
+        return {
+            "type": "header",
+            "format": LOG_FORMAT,
+            "tool": TOOL,
+            "run": self.runs,
+            "name": self.name or getattr(model, "name", None) or "run",
+            "model": getattr(model, "name", None),
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "device": self._device,
+            "memory_stats": self._stats,
+            "budget_bytes": self._budget_bytes,
+            "budget_name": str(budget) if budget is not None else None,
+            "estimate_peak_bytes": self.estimate_bytes,
+            "input_wait_measured": self._wrapped,
+            "warmup_steps": self.warmup_steps,
+            "tensorflow": versions.get("tensorflow"),
+            "keras": versions.get("keras"),
+            "config": config,
+        }
+
+    def _write(self, data: dict[str, Any]) -> None:
+        if self._log is None:
+            return
+        with self._lock:
+            self._log.write(data)
+
+    def _flush(self, final: bool) -> None:
+        """Write step lines whose loss has arrived (all of them when `final`)."""
+        if self._log is None:
+            self._written = len(self.steps)
+            return
+        with self._lock:
+            end = len(self.steps)
+            while self._written < end:
+                record = self.steps[self._written]
+                loss = self._losses.get(record["step"])
+                if loss is None and not final and end - self._written < 64:
+                    break
+                self._log.write({**record, "loss": None if loss is None else number(loss)})
+                self._written += 1
+
+    def _write_tensorboard(self) -> None:
+        if self._writer is None:
+            return
+        with self._lock:
+            records = self.steps[self._tb_written :]
+            self._tb_written = len(self.steps)
+        series: dict[str, tuple[list[int], list[float]]] = {}
+
+        def add(key: str, step: int, value: Any) -> None:
+            if value is not None and math.isfinite(value):
+                steps, values = series.setdefault(f"memfit/{key}", ([], []))
+                steps.append(step)
+                values.append(float(value))
+
+        for r in records:
+            for key in (
+                "memory_current_bytes",
+                "memory_peak_bytes",
+                "step_seconds",
+                "input_wait_seconds",
+            ):
+                add(key, r["step"], r.get(key))
+            add("loss", r["step"], self._losses.get(r["step"]))
+        for tag, (steps, values) in series.items():
+            self._writer.write(tag, steps, values)
+        self._writer.flush()
+
+    def _close(self) -> None:
+        self._flush(final=True)
+        self._write_tensorboard()
+        if self._log is not None:
+            self._write({"type": "end", **self.summary()})
+            self._log.close()
+            self._log = None
+
+    def summary(self) -> dict[str, Any]:
+        """Totals of the current (or last) fit: steps, time, input wait, peak, findings.
+
+        `watch_seconds` is the time spent in Watch's own code (its hooks and the work it adds
+        around each step), and `watch_overhead_fraction` that time as a share of the steps'.
+        """
+        with self._lock:
+            steps = list(self.steps)
+        trained = sum(s["step_seconds"] for s in steps)
+        run = max(0, self.runs - 1)
+        return {
+            **summarize(steps, self.warmup_steps),
+            "run": run,
+            "seconds": round(time.perf_counter() - self._started, 3) if self.runs else 0.0,
+            "watch_seconds": round(self._own_seconds, 6),
+            "watch_overhead_fraction": (
+                round(self._own_seconds / trained, 6) if steps and trained else None
+            ),
+            "micro_batches": dict(self._guarded.summary.micro_batches) if self._guarded else None,
+            "findings": sum(f.run == run for f in self.findings),
+        }
+
+
+def _others_on_gpu(device: str) -> int | None:
+    """Bytes other processes hold on `device`'s GPU (NVML), or None off GPU / without NVML."""
+    if not device.startswith("GPU"):
+        return None
+    from memfit import devices
+
+    gpus, problem = devices.nvml_gpus()
+    index = int(device.split(":")[-1] or 0)
+    if problem or index >= len(gpus):
+        return None
+    mine = os.getpid()
+    return sum(p.used_bytes or 0 for p in gpus[index].processes if p.pid != mine)
+
+
+def _estimate_bytes(estimate: Any) -> int | None:
+    if estimate is None:
+        return None
+    value = getattr(estimate, "peak_bytes", estimate)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        raise MemfitError(
+            f"estimate must be a number of bytes or have peak_bytes, got {estimate!r}"
+        )
+    return int(value)
