@@ -749,26 +749,33 @@ def report(run: str, out_path: str | None, as_json: bool) -> None:
     RUN is the JSON-lines file written by memfit.Watch(log_path=...). The page (no scripts,
     nothing fetched) shows memory over the steps with the budget and OOM/recovery marks, step
     time and input wait, the loss, each finding with its cause and fix, and the run's
-    configuration.
+    configuration; a log of several fits (one Watch reused) gets one section per fit.
     """
-    from memfit.report import load_run, write_html
+    from rich.markup import escape
 
-    loaded = load_run(run)
+    from memfit.report import load_log, log_to_dict, write_html
+
+    runs = load_log(run)
     if out_path is None:
         base = run[: -len(".jsonl")] if run.endswith(".jsonl") else run
         out_path = base + ".html"
-    written = write_html(loaded, out_path)
+    written = write_html(runs, out_path)
     if as_json:
-        _print_json({**loaded.to_dict(), "html_path": written})
+        _print_json({**log_to_dict(runs), "html_path": written})
         return
-    _render_report(loaded, written)
+    for loaded in runs:
+        _render_report(loaded, len(runs))
+    out.print(f"wrote {escape(written)}")
 
 
-def _render_report(run: Any, html_path: str) -> None:
+def _render_report(run: Any, fits: int) -> None:
     from rich.markup import escape
 
     summary = run.summary()
-    table = Table(title=f"memfit watch: {escape(run.name)}", title_justify="left")
+    title = f"memfit watch: {escape(run.name)}"
+    if fits > 1:
+        title = f"fit {run.index + 1} of {fits}, " + title
+    table = Table(title=title, title_justify="left")
     table.add_column("steps", justify="right")
     table.add_column("step time", justify="right")
     table.add_column("input wait", justify="right")
@@ -794,7 +801,6 @@ def _render_report(run: Any, html_path: str) -> None:
             f"{escape(str(finding.get('cause')))}\n  [bold]fix:[/] "
             f"{escape(str(finding.get('fix')))}"
         )
-    out.print(f"wrote {escape(html_path)}")
 
 
 # -- estimate -------------------------------------------------------------------------------
