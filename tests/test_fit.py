@@ -312,3 +312,48 @@ emit(out)
     assert tape["it"] == guarded["it"] == 4
     assert _max_rel(guarded["w"], tape["w"]) < 1e-5
     assert np.allclose(guarded["losses"], tape["losses"], rtol=1e-5)
+
+
+def test_a_plan_for_another_precision_or_remat_is_refused_and_build_scope_obeys_it() -> None:
+    result = run_isolated(
+        MODEL
+        + """
+import memfit
+from memfit.plan import Plan
+def plan(precision, remat=None):
+    return Plan(batch_size=8, micro_batches=2, micro_batch_size=4, precision=precision,
+                remat=remat, peak_bytes=None, step_seconds=None,
+                budget=memfit.Budget.from_size("1GiB"), margin=0.05)
+x = np.zeros((8, 16, 16, 3), "float32"); y = np.zeros((8, 4), "float32")
+out = {}
+def attempt(name, model, p):
+    try:
+        h = memfit.fit(model, x, y, batch_size=8, verbose=0, micro_batches=p)
+        out[name] = {"micro_batches": list(h.memfit.micro_batches.values())}
+    except memfit.MemfitError as exc:
+        out[name] = {"error": str(exc)}
+attempt("mixed_plan_float32_model", build(), plan("mixed_float16"))
+attempt("remat_plan_plain_model", build(), plan("float32", "larger_than"))
+for p in (plan("mixed_float16"), plan("float32", "larger_than")):
+    with p.build_scope():
+        model = build()
+    attempt(f"built_for_{p.precision}_{p.remat}", model, p)
+    out[f"policy_after_{p.precision}"] = keras.mixed_precision.dtype_policy().name
+with plan("mixed_bfloat16").build_scope():
+    mixed = build()
+attempt("float32_plan_mixed_model", mixed, plan("float32"))
+emit(out)
+""",
+    )
+    error = result["mixed_plan_float32_model"]["error"]
+    assert "plan is for precision mixed_float16" in error and "built with float32" in error
+    assert 'set_dtype_policy("mixed_float16")' in error and "float32" in error
+    assert "\n" not in error
+    error = result["remat_plan_plain_model"]["error"]
+    assert "remat) 'larger_than'" in error and "without it" in error
+    assert 'RematScope(mode="larger_than")' in error and "remat_modes=[None]" in error
+    assert "built with mixed_bfloat16" in result["float32_plan_mixed_model"]["error"]
+    # Built in the plan's scope, the model trains at the plan's K; the global policy is back.
+    assert result["built_for_mixed_float16_None"] == {"micro_batches": [2]}
+    assert result["built_for_float32_larger_than"] == {"micro_batches": [2]}
+    assert result["policy_after_mixed_float16"] == "float32"

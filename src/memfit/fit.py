@@ -373,7 +373,9 @@ def fit(
             Keras), and they are the effective batches; a `batch_size` larger than them
             re-batches the dataset to it, a smaller one is an error.
         micro_batches: K to start with (an int, or a `memfit.Plan`); default 1 — memfit
-            splits only when a step runs out of memory.
+            splits only when a step runs out of memory. A plan holds only for a model built
+            with its precision and recompute (`Plan.build_scope()`); any other model is
+            refused with a `MemfitError` that says how to build it (see `check_plan`).
         guard_update: see `GuardedStep` (default `"auto"`).
         on_recovery: called with each `Recovery` as it happens.
         budget: the budget to train in (default: the emulated one, else the device's); it
@@ -402,6 +404,8 @@ def fit(
     if isinstance(x, tf.data.Dataset):
         x = _rebatched(x, batch_size)
         batch_size = None
+    if hasattr(micro_batches, "precision") and hasattr(micro_batches, "remat"):
+        check_plan(model, micro_batches)
     k = getattr(micro_batches, "micro_batches", micro_batches) or 1
     step = GuardedStep(
         model,
@@ -442,6 +446,107 @@ def fit(
         model.train_function = previous
     history.memfit = step.summary
     return history
+
+
+def model_precision(model: Any) -> str:
+    """The dtype policy a built Keras model computes in, e.g. `"float32"`, `"mixed_float16"`.
+
+    The policy most of the model's layers with weights were built under (a mixed-precision
+    model often keeps its last layer in float32); the model's own policy if no layer has
+    weights.
+
+    Args:
+        model: a built `keras.Model`.
+
+    Returns:
+        The policy's name.
+
+    Example:
+        >>> from memfit.fit import model_precision
+        >>> keras.mixed_precision.set_dtype_policy("mixed_float16")
+        >>> model_precision(keras.applications.MobileNetV2(weights=None))
+        'mixed_float16'
+    """
+    counts: dict[str, int] = {}
+    for layer in model._flatten_layers(include_self=False):
+        leaf = not any(True for _ in layer._flatten_layers(include_self=False))
+        if leaf and layer.weights:
+            name = layer.dtype_policy.name
+            counts[name] = counts.get(name, 0) + 1
+    if not counts:
+        return str(model.dtype_policy.name)
+    return max(counts, key=lambda name: counts[name])
+
+
+def model_remat(model: Any) -> set[str]:
+    """The `keras.RematScope` modes a built Keras model's layers were built under.
+
+    Args:
+        model: a built `keras.Model`.
+
+    Returns:
+        The modes (`"larger_than"`, `"activations"`, ...); empty when built without recompute.
+
+    Example:
+        >>> from memfit.fit import model_remat
+        >>> with keras.RematScope(mode="larger_than"):
+        ...     model = keras.applications.MobileNetV2(weights=None)
+        >>> model_remat(model)
+        {'larger_than'}
+    """
+    return {
+        layer._remat_mode.mode
+        for layer in model._flatten_layers(include_self=True)
+        if getattr(layer, "_remat_mode", None) is not None
+    }
+
+
+def check_plan(model: Any, plan: Any) -> None:
+    """Refuse a plan made for another build of the model: its precision or recompute differs.
+
+    A plan's peak was measured on the model built under its dtype policy and recompute
+    (`keras.RematScope`) mode, and a built model cannot change either, so K alone would not
+    make its step fit.
+
+    Args:
+        model: the built `keras.Model` to train.
+        plan: a `memfit.Plan` (its `precision` and `remat`).
+
+    Raises:
+        MemfitError: what the plan assumed, what the model was built with, and what to do.
+
+    Example:
+        ```python
+        plan = memfit.plan("mypkg.models:build", 256, "T4")
+        with plan.build_scope():                   # the plan's precision and recompute
+            model = mypkg.models.build()
+        memfit.fit(model, x, y, batch_size=256, micro_batches=plan)
+        ```
+    """
+    precision = model_precision(model)
+    planned = plan.precision or "float32"
+    if precision != planned:
+        raise MemfitError(
+            f"the plan is for precision {planned}, but the model was built with "
+            f"{precision}, and a built model cannot change precision: build it after "
+            f'keras.mixed_precision.set_dtype_policy("{planned}") (or inside '
+            f"`with plan.build_scope():`), or plan with precisions=[\"{precision}\"] "
+            f"(--precision {precision})"
+        )
+    modes = model_remat(model)
+    if plan.remat is not None and plan.remat not in modes:
+        raise MemfitError(
+            f"the plan is for recompute (remat) {plan.remat!r}, but the model was built "
+            + (f"with remat {', '.join(sorted(modes))}" if modes else "without it")
+            + f": build it inside `with keras.RematScope(mode=\"{plan.remat}\"):` (or "
+            f"`with plan.build_scope():`), or plan with remat_modes=[None] (--remat none)"
+        )
+    if plan.remat is None and modes:
+        raise MemfitError(
+            f"the plan is for no recompute (remat), but the model was built with remat "
+            f"{', '.join(sorted(modes))}, whose memory the plan did not measure: build it "
+            f"outside keras.RematScope, or plan with remat_modes=[{sorted(modes)[0]!r}]"
+        )
 
 
 def _epoch_tracker(step: GuardedStep) -> Any:

@@ -9,10 +9,11 @@ picks the configuration with the shortest measured time per effective batch.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -84,6 +85,33 @@ class Plan:
     fits: bool = True
     note: str = ""
     seconds: float = 0.0
+
+    @contextlib.contextmanager
+    def build_scope(self) -> Iterator[None]:
+        """Build the model inside this block to build it as planned: precision and recompute.
+
+        Sets the Keras dtype policy to `precision` (restored afterwards) and enters a
+        `keras.RematScope` of the `remat` mode, so that `memfit.fit(model, ...,
+        micro_batches=plan)` accepts the model built here.
+
+        Example:
+            ```python
+            plan = memfit.plan("mypkg.models:build", 256, "T4")
+            with plan.build_scope():
+                model = mypkg.models.build()
+            memfit.fit(model, x, y, batch_size=256, micro_batches=plan)
+            ```
+        """
+        from memfit.backend import tf as tfb
+
+        keras = tfb.import_keras()
+        previous = keras.mixed_precision.dtype_policy()
+        keras.mixed_precision.set_dtype_policy(self.precision)
+        try:
+            with keras.RematScope(mode=self.remat) if self.remat else contextlib.nullcontext():
+                yield
+        finally:
+            keras.mixed_precision.set_dtype_policy(previous)
 
     @property
     def accumulation_steps(self) -> int:
