@@ -530,7 +530,7 @@ def check_plan(model: Any, plan: Any) -> None:
             f"the plan is for precision {planned}, but the model was built with "
             f"{precision}, and a built model cannot change precision: build it after "
             f'keras.mixed_precision.set_dtype_policy("{planned}") (or inside '
-            f"`with plan.build_scope():`), or plan with precisions=[\"{precision}\"] "
+            f'`with plan.build_scope():`), or plan with precisions=["{precision}"] '
             f"(--precision {precision})"
         )
     modes = model_remat(model)
@@ -538,7 +538,7 @@ def check_plan(model: Any, plan: Any) -> None:
         raise MemfitError(
             f"the plan is for recompute (remat) {plan.remat!r}, but the model was built "
             + (f"with remat {', '.join(sorted(modes))}" if modes else "without it")
-            + f": build it inside `with keras.RematScope(mode=\"{plan.remat}\"):` (or "
+            + f': build it inside `with keras.RematScope(mode="{plan.remat}"):` (or '
             f"`with plan.build_scope():`), or plan with remat_modes=[None] (--remat none)"
         )
     if plan.remat is None and modes:
