@@ -23,14 +23,26 @@ def measure_spec(
     micro_batches: int = 1,
     precision: str | None = None,
     remat: str | None = None,
+    classes: int | None = None,
+    safe_mode: bool = True,
 ) -> dict[str, Any]:
     """Load a MODEL spec and measure it in this (fresh) process.
 
     `precision` and `remat` apply to the layers the spec builds (a dtype policy and a
-    `keras.RematScope` around the build).
+    `keras.RematScope` around the build); `classes` and `safe_mode` as in `load_model`.
     """
     measure = open_measurer(
-        spec, data, input_shape, optimizer, loss, worst_case, micro_batches, precision, remat
+        spec,
+        data,
+        input_shape,
+        optimizer,
+        loss,
+        worst_case,
+        micro_batches,
+        precision,
+        remat,
+        classes=classes,
+        safe_mode=safe_mode,
     )
     return measure(batch_size=batch_size, repeats=repeats)
 
@@ -48,8 +60,13 @@ def open_measurer(
     saved_data: str | None = None,
     imports: list[str] | None = None,
     warm_relaxed: bool = False,
+    classes: int | None = None,
+    safe_mode: bool = True,
 ) -> Callable[..., dict[str, Any]]:
     """Load a MODEL spec once; return `measure(batch_size, repeats)` for this process.
+
+    `classes` (a built-in's classes) and `safe_mode` (False: a trusted `.keras` file may
+    run its Python code, such as a Lambda layer) are passed to `load_model`.
 
     `saved_data` is a folder written by `tf.data.Dataset.save` (samples a parent process
     chose), used instead of a `data` spec. `imports`: packages to import first, so that a
@@ -78,7 +95,7 @@ def open_measurer(
         dataset = tfb.import_tf().data.Dataset.load(saved_data)
     try:
         with scope:
-            model = load_model(spec, input_shape=shape)
+            model = load_model(spec, input_shape=shape, classes=classes, safe_mode=safe_mode)
         workload = Workload(
             model,
             optimizer=optimizer,

@@ -378,11 +378,15 @@ def measure_in_child(
     micro_batches: int = 1,
     precision: str | None = None,
     remat: str | None = None,
+    classes: int | None = None,
+    safe_mode: bool = True,
 ) -> Any:
     """`memfit.measure(..., isolated=True)`: the measurement made in a fresh child process.
 
     `precision` (a Keras dtype policy) and `remat` (a `keras.RematScope` mode) are set in the
     child before the model is built, for MODEL strings that build it (factories, built-ins).
+    `classes` (a built-in's classes) and `safe_mode` (False loads a trusted `.keras` file
+    with Lambda layers) reach the child's `load_model`.
     """
 
     check_child_arguments(optimizer, loss, data)
@@ -402,6 +406,8 @@ def measure_in_child(
                 "micro_batches": micro_batches,
                 "precision": precision,
                 "remat": remat,
+                "classes": classes,
+                "safe_mode": bool(safe_mode),
             },
             budget=budget,
         )

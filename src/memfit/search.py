@@ -175,6 +175,8 @@ def find_batch_size(
     isolated: bool = False,
     soak_steps: int = DEFAULT_SOAK_STEPS,
     on_trial: Callable[[Trial], None] | None = None,
+    classes: int | None = None,
+    safe_mode: bool = True,
 ) -> BatchSearchResult:
     """Find the largest batch size whose training step fits the budget, from measurements.
 
@@ -218,6 +220,9 @@ def find_batch_size(
         soak_steps: measured training steps the size found must hold for, from a fresh
             start, before it is the answer (default 8; 0 answers from the search's trials).
         on_trial: called with each `Trial` as it completes (progress displays).
+        classes: classes of a built-in MODEL string (`isolated=True`).
+        safe_mode: False lets the child load a trusted `.keras` file (or the saved copy of
+            a model) that runs Python code, such as a Lambda layer.
 
     Returns:
         A `BatchSearchResult`; `batch_size == 0` when even batch 1 does not fit.
@@ -244,7 +249,16 @@ def find_batch_size(
         )
     started = time.perf_counter()
     runner = _TrialRunner(
-        model, resolved, data, input_shape, optimizer, loss, isolated, data is not None
+        model,
+        resolved,
+        data,
+        input_shape,
+        optimizer,
+        loss,
+        isolated,
+        data is not None,
+        classes=classes,
+        safe_mode=safe_mode,
     )
     try:
         result = _search(runner, resolved, max_batch, float(margin), soak_steps, on_trial)
@@ -276,6 +290,8 @@ class _TrialRunner:
         loss: Any,
         isolated: bool,
         worst_case: bool,
+        classes: int | None = None,
+        safe_mode: bool = True,
     ) -> None:
         from memfit.isolate import _shapes, check_child_arguments, save_for_child
 
@@ -303,6 +319,8 @@ class _TrialRunner:
                     "optimizer": optimizer,
                     "loss": loss,
                     "worst_case": worst_case,
+                    "classes": classes,
+                    "safe_mode": bool(safe_mode),
                 }
             )
             if data is not None:
@@ -345,6 +363,7 @@ class _TrialRunner:
                 "loss": None,
                 "worst_case": self.worst_case,
                 "imports": _packages_of(model),
+                "safe_mode": bool(safe_mode),
             }
         )
 
