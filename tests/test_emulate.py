@@ -95,3 +95,57 @@ def test_emulate_after_import_but_before_init_still_caps():
         """
     )
     assert result == "oom"
+
+
+_REGIONS = """
+import memfit
+memfit.emulate("256MiB", memory_growth={growth})
+import tensorflow as tf
+tf.config.threading.set_inter_op_parallelism_threads(1)   # still allowed: not initialised
+MIB = 1024 * 1024
+first = tf.raw_ops.Empty(shape=[100, MIB], dtype=tf.uint8, init=False)
+del first                                     # 100 MiB freed
+try:
+    second = tf.raw_ops.Empty(shape=[200, MIB], dtype=tf.uint8, init=False)
+    outcome = "allocated"
+except tf.errors.ResourceExhaustedError:
+    outcome = "oom"
+import os
+emit({{"outcome": outcome, "growth": os.environ["MEMFIT_MEMORY_GROWTH"]}})
+"""
+
+
+def test_emulated_card_is_one_region_like_a_gpu_without_memory_growth():
+    # 100 MiB then, once freed, 200 MiB under 256 MiB: one region serves both, as a GPU
+    # with memory growth off does.
+    result = run_isolated(_REGIONS.format(growth=False))
+    assert result == {"outcome": "allocated", "growth": "0"}
+
+
+def test_memory_growth_emulates_regions_that_never_merge():
+    # With growth the first request made a 128 MiB region; the second needs 200 MiB and only
+    # 126 MiB are left to grow into: a real OOM, as on a GPU with set_memory_growth(True).
+    result = run_isolated(_REGIONS.format(growth=True))
+    assert result == {"outcome": "oom", "growth": "1"}
+
+
+def test_memory_growth_without_a_budget_on_a_cpu_is_one_clear_error():
+    from helpers import run_cli
+
+    proc = run_cli("doctor", "--memory-growth")
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert lines[-1].startswith("memfit: error: --memory-growth")
+    assert "--memory SIZE or --device CARD" in lines[-1]
+    assert "Traceback" not in proc.stderr
+
+
+def test_doctor_shows_the_emulation_mode():
+    from helpers import run_cli
+
+    one = run_cli("doctor", "--memory", "512MiB", "--json")
+    grows = run_cli("doctor", "--memory", "512MiB", "--memory-growth", "--json")
+    import json
+
+    assert json.loads(one.stdout)["emulated_memory_growth"] is False
+    assert json.loads(grows.stdout)["emulated_memory_growth"] is True

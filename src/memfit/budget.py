@@ -18,6 +18,7 @@ _DEVICE_RE = re.compile(r"^(?:/?(?:physical_)?device:)?(CPU|GPU):?(\d*)$", re.IG
 ENV_EMULATED_BYTES = "MEMFIT_EMULATED_BYTES"
 ENV_EMULATED_NAME = "MEMFIT_EMULATED_NAME"
 ENV_EMULATED_ON = "MEMFIT_EMULATED_ON"
+ENV_MEMORY_GROWTH = "MEMFIT_MEMORY_GROWTH"
 _EMULATION_MEANS = {"GPU": "a logical GPU device", "CPU": "the capped BFC CPU allocator"}
 
 
@@ -162,6 +163,12 @@ def _gpu_budget_from_tensorflow(index: int, problem: str | None) -> Budget:
     )
 
 
+def emulated_memory_growth() -> bool:
+    """Whether the emulation of this process (or the one a child inherits) emulates a GPU
+    with memory growth on (`MEMFIT_MEMORY_GROWTH=1`): regions that grow, never merged."""
+    return os.environ.get(ENV_MEMORY_GROWTH, "0").strip().lower() in ("1", "true", "yes")
+
+
 def emulated_budget() -> Budget | None:
     """The budget `memfit.emulate` applied in this process (or its parent), if any."""
     raw = os.environ.get(ENV_EMULATED_BYTES)
@@ -174,7 +181,12 @@ def emulated_budget() -> Budget | None:
         name=name,
         source="emulated",
         device=f"{on}:0",
-        notes=(f"emulated with {_EMULATION_MEANS.get(on, _EMULATION_MEANS['CPU'])}",),
+        notes=(
+            f"emulated with {_EMULATION_MEANS.get(on, _EMULATION_MEANS['CPU'])}",
+            "memory growth on: the allocator grows in regions"
+            if emulated_memory_growth()
+            else "memory growth off: the whole budget is one region from the start",
+        ),
     )
 
 

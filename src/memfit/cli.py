@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -25,8 +26,26 @@ _LEVEL_STYLE = {"ok": "green", "warning": "yellow", "problem": "bold red"}
 
 
 # -- shared options -------------------------------------------------------------------------
+def _memory_growth(_ctx: click.Context, _param: click.Parameter, value: bool) -> bool:
+    # Read by `apply_budget` (and inherited by child processes) from the environment.
+    if value:
+        from memfit.budget import ENV_MEMORY_GROWTH
+
+        os.environ[ENV_MEMORY_GROWTH] = "1"
+    return value
+
+
 def budget_options(command: Callable[..., Any]) -> Callable[..., Any]:
-    """`--memory` / `--device`: the budget to emulate for this command."""
+    """`--memory` / `--device` / `--memory-growth`: the budget to emulate for this command."""
+    command = click.option(
+        "--memory-growth",
+        is_flag=True,
+        expose_value=False,
+        is_eager=True,
+        callback=_memory_growth,
+        help="Emulate a GPU with memory growth on (regions that grow as training needs "
+        "them) instead of one that takes its whole budget at first use.",
+    )(command)
     command = click.option(
         "--device",
         "device",
@@ -51,13 +70,33 @@ def json_option(command: Callable[..., Any]) -> Callable[..., Any]:
 
 def apply_budget(memory: str | None, device: str | None) -> Budget | None:
     """Emulate the budget `--memory` / `--device` name, before TensorFlow initialises."""
+    from memfit.budget import emulated_memory_growth
     from memfit.emulate import emulate, ensure_memory_statistics
 
+    growth = emulated_memory_growth()
     budget = resolve_budget(memory=memory, device=device)
     if budget is not None and budget.source in ("user", "card"):
-        budget = emulate(memory) if memory is not None else emulate(device=device)
+        if memory is not None:
+            budget = emulate(memory, memory_growth=growth)
+        else:
+            budget = emulate(device=device, memory_growth=growth)
+    elif growth:
+        require_growth_target()
     ensure_memory_statistics()
     return budget
+
+
+def require_growth_target() -> None:
+    """`--memory-growth` needs a GPU, or an emulated card to apply to: say so on a CPU."""
+    from memfit.backend import tf as tfb
+    from memfit.errors import EmulationError
+
+    if tfb.gpu_count() == 0:
+        raise EmulationError(
+            "--memory-growth describes how an emulated card's allocator grows, and this "
+            "machine has no GPU: add --memory SIZE or --device CARD"
+        )
+    os.environ[tfb.ENV_GROWTH] = "true"
 
 
 def _batch_sizes(_ctx: click.Context, _param: click.Parameter, value: str) -> list[int]:
@@ -1009,6 +1048,7 @@ def demo(memory: str | None, out_dir: str, quick: bool, as_json: bool) -> None:
 def main(argv: list[str] | None = None) -> None:
     """Run the CLI: user errors become one line on stderr and exit status 2."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    warnings.showwarning = _show_warning
     try:
         cli.main(args=argv, prog_name="memfit", standalone_mode=False)
     except click.exceptions.Exit as exc:
@@ -1025,6 +1065,12 @@ def main(argv: list[str] | None = None) -> None:
     except BrokenPipeError:
         sys.exit(0)
     sys.exit(0)
+
+
+def _show_warning(message: Warning | str, *_args: Any, **_kwargs: Any) -> None:
+    # A warning is one line for the user, not a source location and a code excerpt.
+    line = " ".join(str(message).split())
+    print(f"memfit: warning: {line}", file=sys.stderr)
 
 
 def _fail(message: str, code: int) -> None:

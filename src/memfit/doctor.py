@@ -9,7 +9,7 @@ from typing import Any
 
 from memfit import devices
 from memfit.backend import tf as tfb
-from memfit.budget import Budget, emulated_budget
+from memfit.budget import Budget, emulated_budget, emulated_memory_growth
 from memfit.errors import BackendMissingError
 from memfit.sizes import format_size
 
@@ -79,6 +79,9 @@ class DoctorReport:
             "versions": self.versions,
             "budget": self.budget.to_dict() if self.budget else None,
             "emulated_budget": self.emulated_budget.to_dict() if self.emulated_budget else None,
+            "emulated_memory_growth": (
+                emulated_memory_growth() if self.emulated_budget else None
+            ),
             "tensorflow_initialized": self.tensorflow_initialized,
             "findings": [asdict(f) for f in self.findings],
             "problems": len(self.problems),
@@ -323,7 +326,15 @@ def _check_emulation(report: DoctorReport) -> None:
     if emulated is None:
         return
     applied = tfb.cpu_allocator_limit() is not None or emulated.device == "GPU:0"
-    message = f"emulating {emulated.name}: training sees {format_size(emulated.usable_bytes)}"
+    mode = (
+        "memory growth on: regions that grow as training needs them"
+        if emulated_memory_growth()
+        else "memory growth off: the whole budget is one region from the start"
+    )
+    message = (
+        f"emulating {emulated.name}: training sees {format_size(emulated.usable_bytes)} "
+        f"({mode})"
+    )
     if emulated.device == "CPU:0" and tfb.onednn_enabled():
         report.findings.append(
             Finding(

@@ -10,8 +10,10 @@ from memfit.budget import (
     ENV_EMULATED_BYTES,
     ENV_EMULATED_NAME,
     ENV_EMULATED_ON,
+    ENV_MEMORY_GROWTH,
     Budget,
     emulated_budget,
+    emulated_memory_growth,
     resolve_budget,
 )
 from memfit.errors import BackendMissingError, EmulationError, MemfitError
@@ -21,7 +23,12 @@ ENV_DEVICE = "MEMFIT_DEVICE"
 MIB = 1024 * 1024
 
 
-def emulate(memory: str | int | float | None = None, *, device: str | None = None) -> Budget:
+def emulate(
+    memory: str | int | float | None = None,
+    *,
+    device: str | None = None,
+    memory_growth: bool = False,
+) -> Budget:
     """Make training in this process see only `memory` bytes (or a named card's share).
 
     Allocations beyond the budget raise a real `tf.errors.ResourceExhaustedError`, exactly as
@@ -29,6 +36,12 @@ def emulate(memory: str | int | float | None = None, *, device: str | None = Non
     `memory_limit`; on a CPU-only machine TensorFlow's BFC CPU allocator is capped
     (`TF_CPU_ALLOCATOR_USE_BFC`, `TF_CPU_BFC_MEM_LIMIT_IN_MB`) and oneDNN is turned off, since
     with it a refused allocation can crash the process instead of raising.
+
+    The emulated card behaves like a GPU whose memory growth is off (TensorFlow's default):
+    its allocator holds the whole budget as one region from the start, so what fits does not
+    depend on what ran before. `memory_growth=True` emulates a GPU after
+    `tf.config.experimental.set_memory_growth(gpu, True)` instead: the allocator takes
+    regions of doubling size as training needs them, and they never merge.
 
     Call it first thing, before any model or tensor exists: TensorFlow fixes its allocators
     when it initialises. The same is done without code by setting `MEMFIT_MEMORY=2GiB` or
@@ -38,6 +51,8 @@ def emulate(memory: str | int | float | None = None, *, device: str | None = Non
     Args:
         memory: the budget as a size (`"2GiB"`, `"1.5 GB"`, bytes).
         device: a named card instead (`"T4"`, `"A100-40GB"`); its usable share is emulated.
+        memory_growth: emulate a GPU with memory growth on (regions that grow) instead of
+            one with its whole budget taken at first use.
 
     Returns:
         The emulated Budget (rounded down to whole MiB, the unit TensorFlow takes).
@@ -62,7 +77,11 @@ def emulate(memory: str | int | float | None = None, *, device: str | None = Non
         raise EmulationError(f"an emulated budget must be at least 1 MiB, got {wanted.name}")
 
     current = emulated_budget()
-    if current is not None and current.usable_bytes == limit:
+    if (
+        current is not None
+        and current.usable_bytes == limit
+        and emulated_memory_growth() == memory_growth
+    ):
         return current
     if tfb.is_initialized():
         call = (
@@ -88,6 +107,10 @@ def emulate(memory: str | int | float | None = None, *, device: str | None = Non
     except BackendMissingError:
         pass
     if on == "GPU":
+        if memory_growth:
+            # TensorFlow's GPU allocator reads this when it creates the (logical) device;
+            # set_memory_growth itself is refused beside a logical-device configuration.
+            os.environ[tfb.ENV_GROWTH] = "true"
         try:
             tfb.set_gpu_memory_limit(limit)
         except RuntimeError as exc:
@@ -97,6 +120,8 @@ def emulate(memory: str | int | float | None = None, *, device: str | None = Non
             ) from None
     else:
         tfb.set_cpu_allocator_limit(limit)
+        # Where the host cannot hold the card's one region, the allocator grows (and says so).
+        memory_growth = not _cpu_region(wanted.name, limit, memory_growth)
         if onednn_was_on:
             warnings.warn(
                 "TensorFlow was imported before memfit.emulate(), with oneDNN on; a step over "
@@ -109,22 +134,51 @@ def emulate(memory: str | int | float | None = None, *, device: str | None = Non
     os.environ[ENV_EMULATED_BYTES] = str(limit)
     os.environ[ENV_EMULATED_NAME] = wanted.name
     os.environ[ENV_EMULATED_ON] = on
+    os.environ[ENV_MEMORY_GROWTH] = "1" if memory_growth else "0"
     budget = emulated_budget()
     assert budget is not None
     return budget
 
 
+def _cpu_region(name: str, limit: int, memory_growth: bool) -> bool:
+    """Reserve the CPU allocator's one region, where the host can hold it (see `emulate`).
+
+    Returns whether the budget is one region (False: the allocator grows in regions).
+    """
+    from memfit.devices import host_memory
+    from memfit.sizes import format_size
+
+    host = host_memory().total_bytes
+    if limit <= host:
+        return not memory_growth and tfb.reserve_cpu_region(limit) > 0
+    warnings.warn(
+        f"emulating {name} ({format_size(limit)}) on a machine with {format_size(host)} of "
+        f"RAM: training here runs out of host memory first, and the allocator grows in "
+        f"regions (one region the size of the card cannot be reserved). Emulate a budget "
+        f"under {format_size(host)}, or measure on the card itself",
+        RuntimeWarning,
+        stacklevel=3,
+    )
+    return False
+
+
 def emulate_from_environment() -> Budget | None:
-    """Apply `MEMFIT_MEMORY` or `MEMFIT_DEVICE` from the environment, if one is set."""
+    """Apply `MEMFIT_MEMORY` or `MEMFIT_DEVICE` from the environment, if one is set.
+
+    `MEMFIT_MEMORY_GROWTH=1` beside either emulates a GPU with memory growth on.
+    """
     memory = os.environ.get(ENV_MEMORY) or None
     device = os.environ.get(ENV_DEVICE) or None
+    growth = emulated_memory_growth()
     if memory is None and device is None:
         return None
     if memory is not None and device is not None:
         raise MemfitError(f"set either {ENV_MEMORY} or {ENV_DEVICE}, not both")
     name, value = (ENV_MEMORY, memory) if memory is not None else (ENV_DEVICE, device)
     try:
-        return emulate(memory) if memory is not None else emulate(device=device)
+        if memory is not None:
+            return emulate(memory, memory_growth=growth)
+        return emulate(device=device, memory_growth=growth)
     except MemfitError as exc:
         raise type(exc)(f"{name}={value}: {exc}") from None
 

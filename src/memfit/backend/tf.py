@@ -30,6 +30,7 @@ ENV_CPU_BFC = "TF_CPU_ALLOCATOR_USE_BFC"
 ENV_CPU_BFC_LIMIT_MB = "TF_CPU_BFC_MEM_LIMIT_IN_MB"
 ENV_ONEDNN = "TF_ENABLE_ONEDNN_OPTS"
 ENV_GROWTH = "TF_FORCE_GPU_ALLOW_GROWTH"
+MIB = 1024 * 1024
 
 
 def _quiet_logs() -> None:
@@ -155,6 +156,54 @@ def set_cpu_allocator_limit(limit_bytes: int) -> None:
     os.environ[ENV_ONEDNN] = "0"
 
 
+def reserve_cpu_region(limit_bytes: int) -> int:
+    """Make the capped BFC CPU allocator hold its whole limit as one region, as a GPU does.
+
+    TensorFlow creates the CPU's BFC allocator with memory growth on and no garbage
+    collection: it takes regions of doubling size (2, 4, 8 MiB, ...) as training needs them
+    and never merges them, so after a few sizes have run the free memory is split between
+    regions and what fits depends on what ran before. A GPU's BFC allocator with memory
+    growth off (TensorFlow's default) takes its whole limit as one region at first use.
+
+    This reproduces that: one allocation just under the limit, made before anything else,
+    makes the allocator's next region span all that is left (the region size doubles until it
+    covers the request, then is cut to what the limit allows); freed at once, it leaves one
+    free chunk that every later allocation is split from. Only the region's address space is
+    reserved (the tensor is never written, so no page is touched); the allocator's handle
+    table, 8 bytes per 256-byte granule (1/32 of the limit), is the host memory it costs.
+
+    The allocation runs in a graph-mode session of its own: the eager runtime is not
+    initialised, so thread counts and devices can still be configured afterwards. Must run
+    before anything else allocates on the CPU (first thing after the limit is set).
+
+    Args:
+        limit_bytes: the allocator's limit (`set_cpu_allocator_limit`).
+
+    Returns:
+        The bytes of the region reserved (0 when the allocator refused every size tried).
+    """
+    tf = import_tf()
+    limit_mib = max(1, limit_bytes // MIB)
+    graph = tf.Graph()
+    # TensorFlow's own start-up may already have taken the first 2 MiB region (or a second
+    # of 4 MiB): ask for what is left after it. A refused size costs the allocator's 10 s
+    # retry, so the likely one comes first.
+    for taken in (2, 6):
+        size = limit_mib - taken
+        if size <= 0:
+            return 0
+        with graph.as_default():
+            # [MiB, 1 MiB]: a flat shape over 2**31 elements does not fit the int32 shape.
+            empty = tf.raw_ops.Empty(shape=[size, MIB], dtype=tf.uint8, init=False)
+        try:
+            with tf.compat.v1.Session(graph=graph) as session:
+                session.run(empty.op)
+        except tf.errors.ResourceExhaustedError:
+            continue
+        return size * MIB
+    return 0
+
+
 def cpu_bfc_enabled() -> bool:
     """Whether this process's environment asks for TensorFlow's BFC CPU allocator (the only
     CPU allocator that keeps memory statistics)."""
@@ -182,7 +231,7 @@ def set_gpu_memory_limit(limit_bytes: int) -> list[str]:
     """
     tf = import_tf()
     gpus = tf.config.list_physical_devices("GPU")
-    limit_mb = max(1, limit_bytes // (1024 * 1024))
+    limit_mb = max(1, limit_bytes // MIB)
     for gpu in gpus:
         tf.config.set_logical_device_configuration(
             gpu, [tf.config.LogicalDeviceConfiguration(memory_limit=limit_mb)]
