@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -15,6 +16,8 @@ from memfit.budget import Budget
 from memfit.errors import MeasurementError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TRAIN_STEPS = "bench.trials:train_steps"
+FIT_STEPS = "bench.trials:fit_steps"
 
 
 def train_steps(
@@ -45,20 +48,83 @@ def train_steps(
         raise
 
 
+def fit_steps(
+    spec: str, batch_size: int, steps: int, input_shape: list[int] | None, data: str | None
+) -> dict[str, Any]:
+    """Child side: does plain `model.fit` train `steps` steps at `batch_size`? (the check)
+
+    The check every method's answer gets in the batch benchmark: build the model, make one
+    batch as the search's trials do, then `model.fit` on a dataset of that batch repeated
+    `steps` times, one epoch, as a user would train. Run it in a fresh process under the
+    emulated budget (`ChildTrials(..., function=FIT_STEPS)`).
+
+    Args:
+        spec: MODEL spec (`memfit.load_model`).
+        batch_size: samples per step.
+        steps: steps `model.fit` trains.
+        input_shape: one sample's shape, for models with undefined inputs.
+        data: `package.module:dataset_fn` of unbatched samples (models with dict targets).
+
+    Returns:
+        `{"oom": False, "seconds": s, "steps": n}` when every step ran (`seconds`: the fit's
+        wall time), `{"oom": True}` when the fit ran out of memory.
+
+    Example:
+        >>> from memfit.isolate import run_in_child  # doctest: +SKIP
+        >>> run_in_child(FIT_STEPS, {"spec": "keras.applications.MobileNetV2", "batch_size": 8,
+        ...     "steps": 20, "input_shape": [96, 96, 3], "data": None})  # doctest: +SKIP
+        {'oom': False, 'seconds': 9.1, 'steps': 20}
+    """
+    from memfit.backend import tf as tfb
+    from memfit.models import _call_factory, load_model
+    from memfit.workload import Workload
+
+    tf = tfb.import_tf()
+    model = load_model(spec, input_shape=tuple(input_shape) if input_shape else None)
+    dataset = _call_factory(data) if data else None
+    workload = Workload(model, input_shape=input_shape, data=dataset)
+    try:
+        x, y = workload.batch(batch_size)
+        batches = tf.data.Dataset.from_tensors((x, y)).repeat(steps)
+        start = time.perf_counter()
+        history = workload.model.fit(batches, epochs=1, verbose=0)
+        seconds = time.perf_counter() - start
+    except Exception as exc:  # noqa: BLE001 - only OOMs are an answer; others are re-raised
+        if tfb.is_oom(exc):
+            return {"oom": True}
+        raise
+    losses = history.history.get("loss") or [float("nan")]
+    return {"oom": False, "seconds": seconds, "steps": steps, "loss": float(losses[-1])}
+
+
 def search_child(
     method: str,
     spec: str,
     steps: int,
     input_shape: list[int] | None,
     data: str | None,
-    soak_steps: int = 0,
 ) -> dict[str, Any]:
-    """Child side: one whole search in this process, as the original tools run theirs.
+    """Child side: one whole baseline search in this process, as the original tools run theirs.
 
     The model is built once; each trial trains `steps` steps (`train_on_batch`) on it (Keras
     keeps one train function, relaxing the batch dimension after the second size), an OOM is
     caught and the next size tried in the same process — Lightning's and Accelerate's way.
-    memfit runs `find_batch_size(..., isolated=False)`. Only the search is timed.
+    Only the search is timed.
+
+    Args:
+        method: `lightning_power`, `lightning_binsearch` or `accelerate`.
+        spec: MODEL spec the child loads.
+        steps: training steps per trial.
+        input_shape: one sample's shape, for models with undefined inputs.
+        data: `package.module:dataset_fn` of unbatched samples, for models with dict targets.
+
+    Returns:
+        `found`, `trials` (each `batch_size`, `oom`, `seconds`, `note`), `steps`, `seconds`.
+
+    Example:
+        >>> run_in_child("bench.trials:search_child", {"method": "lightning_binsearch",
+        ...     "spec": "keras.applications.MobileNetV2", "steps": 3,
+        ...     "input_shape": [96, 96, 3], "data": None}, budget=budget)  # doctest: +SKIP
     """
     import gc
 
@@ -66,32 +132,11 @@ def search_child(
     from memfit.backend import tf as tfb
     from memfit.budget import emulated_budget
     from memfit.models import _call_factory, load_model
-    from memfit.search import find_batch_size
     from memfit.workload import Workload
 
     budget = emulated_budget()
     model = load_model(spec, input_shape=tuple(input_shape) if input_shape else None)
     dataset = _call_factory(data) if data else None
-    if method == "memfit_in_process":
-        start = time.perf_counter()
-        result = find_batch_size(
-            model,
-            budget,
-            margin=0.0,
-            data=dataset,
-            input_shape=input_shape,
-            isolated=False,
-            soak_steps=soak_steps,
-        )
-        return {
-            "found": result.batch_size,
-            "trials": [
-                {"batch_size": t.batch_size, "oom": not t.fits, "seconds": t.seconds}
-                for t in result.trials
-            ],
-            "steps": sum(t.steps for t in result.trials),
-            "seconds": time.perf_counter() - start,
-        }
     workload = Workload(model, input_shape=input_shape, data=dataset)
     device = tfb.default_device()
     tf = tfb.import_tf()
@@ -176,7 +221,12 @@ class TrialLog:
 
 
 class ChildTrials:
-    """`runs(batch_size)` for the baselines: a child process trains `steps` steps.
+    """`runs(batch_size)`: a fresh child process trains `steps` steps at that size.
+
+    The baselines' trials (`train_steps`, Keras' train function on the batch as given) and
+    the benchmark's check of every answer (`fit_steps`, plain `model.fit`). A child that
+    runs out of memory, dies of SIGSEGV making a tensor past the cap, or hangs in the
+    allocator's retry after an OOM counts as out of memory.
 
     Args:
         spec: MODEL spec the child loads.
@@ -186,6 +236,14 @@ class ChildTrials:
         data: `package.module:dataset_fn` of unbatched samples, for models with dict targets.
         seen: shared record of every size's outcome (size -> list of runs/OOM), for the
             ground truth.
+        on_trial: called with `(batch_size, oom, seconds)` after each trial.
+        function: the child function (`TRAIN_STEPS` or `FIT_STEPS`).
+
+    Example:
+        >>> check = ChildTrials("keras.applications.MobileNetV2", Budget.from_size("1GiB"),
+        ...     20, [96, 96, 3], None, {}, function=FIT_STEPS)  # doctest: +SKIP
+        >>> check(8)  # doctest: +SKIP
+        True
     """
 
     def __init__(
@@ -196,12 +254,14 @@ class ChildTrials:
         input_shape: list[int] | None,
         data: str | None,
         seen: dict[int, list[bool]],
-        on_trial: Any = None,
+        on_trial: Callable[[int, bool, float], None] | None = None,
+        function: str = TRAIN_STEPS,
     ) -> None:
         self.spec, self.budget, self.steps = spec, budget, steps
         self.input_shape, self.data, self.seen = input_shape, data, seen
         self.log = TrialLog()
         self.on_trial = on_trial
+        self.function = function
 
     def __call__(self, batch_size: int) -> bool:
         from memfit.isolate import run_in_child
@@ -210,7 +270,7 @@ class ChildTrials:
         note = ""
         try:
             result = run_in_child(
-                "bench.trials:train_steps",
+                self.function,
                 {
                     "spec": self.spec,
                     "batch_size": int(batch_size),
@@ -222,6 +282,8 @@ class ChildTrials:
                 env={"PYTHONPATH": ROOT},
             )
             oom = bool(result.get("oom") or result.get("hung_after_oom"))
+            if result.get("hung_after_oom"):
+                note = "hung in the allocator's retry after an OOM"
         except MeasurementError as exc:
             # A child killed by the allocator (SIGSEGV making a tensor past the cap) ran out too.
             if "SIGSEGV" not in str(exc):
