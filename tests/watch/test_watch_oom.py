@@ -1,0 +1,157 @@
+"""Real OOMs under an emulated budget: Watch names what changed, and its numbers train.
+
+One child process runs the failing scenarios one after the other (a later shard of larger
+images, an augmentation that doubles the side, a doubled batch, memory kept by a callback,
+and memfit.fit recovering); fresh children then train at the batch and image side the
+findings suggest, under the same budget.
+"""
+
+from __future__ import annotations
+
+import pytest
+from helpers import run_isolated
+
+BUDGET = {"MEMFIT_MEMORY": "200MiB", "TF_NUM_INTEROP_THREADS": "1", "TF_NUM_INTRAOP_THREADS": "2"}
+
+MODEL = r"""
+import gc
+import memfit  # first: applies MEMFIT_MEMORY before TensorFlow is imported
+import numpy as np, tensorflow as tf, keras
+
+def net():
+    keras.utils.set_random_seed(1)
+    inp = keras.Input((None, None, 3))
+    h = keras.layers.Conv2D(32, 3, padding="same", activation="relu")(inp)
+    h = keras.layers.Conv2D(32, 3, padding="same", activation="relu")(h)
+    h = keras.layers.Conv2D(32, 3, padding="same", activation="relu")(h)
+    h = keras.layers.GlobalAveragePooling2D()(h)
+    m = keras.Model(inp, keras.layers.Dense(4)(h))
+    m.compile(keras.optimizers.Adam(1e-3), "mse")
+    return m
+
+rng = np.random.default_rng(0)
+
+def batches(plan):
+    # plan: [(batch, side, count), ...] -> a dataset of those batches, in order
+    def gen():
+        for b, side, count in plan:
+            for _ in range(count):
+                yield (rng.random((b, side, side, 3), dtype=np.float32),
+                       rng.random((b, 4), dtype=np.float32))
+    return tf.data.Dataset.from_generator(gen, output_signature=(
+        tf.TensorSpec((None, None, None, 3)), tf.TensorSpec((None, 4))))
+"""
+
+FAILING = MODEL + r"""
+result = {}
+
+def run(name, data, callbacks=(), guarded=False):
+    w = memfit.Watch(verbose=False)
+    m = net()
+    outcome = "completed"
+    try:
+        if guarded:
+            memfit.fit(m, data, epochs=1, verbose=0, callbacks=[*callbacks, w])
+        else:
+            m.fit(data, epochs=1, verbose=0, callbacks=[*callbacks, w])
+    except tf.errors.ResourceExhaustedError:
+        outcome = "oom"
+    result[name] = {"outcome": outcome, "findings": [f.to_dict() for f in w.findings]}
+    del m, w
+    keras.backend.clear_session()
+    gc.collect()
+
+run("shard", batches([(16, 64, 8), (16, 160, 2)]))
+
+aug = batches([(16, 80, 14)]).enumerate().map(
+    lambda i, xy: (tf.cond(i >= 8, lambda: tf.image.resize(xy[0], (160, 160)),
+                           lambda: xy[0]), xy[1]))
+run("augmentation", aug)
+run("batch", batches([(16, 96, 8), (64, 96, 2)]))
+
+class Keep(keras.callbacks.Callback):
+    kept = []
+    def on_train_batch_end(self, batch, logs=None):
+        self.kept.append(tf.ones((2**20,)))  # 4 MiB kept per step
+run("growth", batches([(16, 64, 60)]), callbacks=[Keep()])
+Keep.kept.clear()
+run("guarded", batches([(16, 64, 8), (16, 160, 2)]), guarded=True)
+emit(result)
+"""
+
+TRAINS = MODEL + r"""
+m = net()
+m.fit(batches([({batch}, {side}, 4)]), epochs=1, verbose=0)
+emit("trained")
+"""
+
+
+@pytest.fixture(scope="module")
+def failures() -> dict:
+    return run_isolated(FAILING, env=BUDGET, timeout=600)
+
+
+def _oom(run: dict) -> dict:
+    found = [f for f in run["findings"] if f["kind"] == "oom"]
+    assert run["outcome"] == "oom" and found, run
+    return found[0]
+
+
+def _trains(batch: int, side: int) -> bool:
+    try:
+        return run_isolated(TRAINS.format(batch=batch, side=side), env=BUDGET) == "trained"
+    except AssertionError as error:
+        if "ResourceExhaustedError" in str(error):
+            return False
+        raise
+
+
+@pytest.mark.slow
+def test_a_later_shard_of_larger_images_is_named_and_its_numbers_train(failures: dict) -> None:
+    oom = _oom(failures["shard"])
+    evidence = oom["evidence"]
+    assert evidence["cause"] == "input_shape"
+    assert "16x160x160x3, 6.25x the pixels of the earlier 16x64x64x3 batches" in oom["cause"]
+    largest, side = evidence["largest_batch_size"], evidence["fitting_side"]
+    assert 1 <= largest < 16 and side[0] < 160
+    assert f"about {largest}" in oom["fix"] and f"{side[0]}x{side[1]}" in oom["fix"]
+    assert f"micro_batches={evidence['micro_batches']}" in oom["fix"]
+    assert _trains(largest, 160), f"the suggested batch {largest} at 160x160 did not train"
+    assert _trains(16, side[0]), f"the suggested side {side} at batch 16 did not train"
+
+
+@pytest.mark.slow
+def test_an_augmentation_that_doubles_the_side_is_named(failures: dict) -> None:
+    oom = _oom(failures["augmentation"])
+    assert oom["evidence"]["cause"] == "input_shape"
+    assert "16x160x160x3, 4x the pixels of the earlier 16x80x80x3 batches" in oom["cause"]
+    side = oom["evidence"]["fitting_side"]
+    assert _trains(16, side[0]), f"the suggested side {side} at batch 16 did not train"
+
+
+@pytest.mark.slow
+def test_a_doubled_batch_is_named_and_the_batch_it_suggests_trains(failures: dict) -> None:
+    oom = _oom(failures["batch"])
+    assert oom["evidence"]["cause"] == "batch_size"
+    assert "the batch size rose from 16 to 64" in oom["cause"]
+    largest = oom["evidence"]["largest_batch_size"]
+    assert 16 <= largest < 64
+    assert _trains(largest, 96), f"the suggested batch {largest} at 96x96 did not train"
+
+
+@pytest.mark.slow
+def test_memory_kept_from_step_to_step_is_named_as_growth(failures: dict) -> None:
+    oom = _oom(failures["growth"])
+    assert oom["evidence"]["cause"] == "memory_growth"
+    assert "memory in use before the step rose" in oom["cause"]
+    assert oom["evidence"]["growth_bytes"] > 32 * 2**20
+
+
+@pytest.mark.slow
+def test_memfit_fit_recovery_names_the_shape_and_the_k_to_start_with(failures: dict) -> None:
+    run = failures["guarded"]
+    assert run["outcome"] == "completed", run
+    recovery = next(f for f in run["findings"] if f["kind"] == "oom_recovery")
+    assert recovery["evidence"]["cause"] == "input_shape"
+    assert "6.25x the pixels" in recovery["cause"]
+    assert "nothing is lost" in recovery["fix"] and "micro_batches=" in recovery["fix"]
