@@ -1,0 +1,291 @@
+"""The benchmarks' own parts: baseline strategies, the ground truth's search, the answer check.
+
+The baselines are pure strategies over `runs(size)`, so they are tested with a fake oracle
+(no TensorFlow): the exact sizes they try and the size they answer, against Lightning 2.6.5's
+`batch_size_scaling.py` and Accelerate's `find_executable_batch_size`, traced by hand.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+
+import pytest
+
+from bench.baselines import binsearch_scaling, find_executable_batch_size, power_scaling
+from bench.baselines.lightning import VERSION
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def oracle(limit: int) -> tuple[Callable[[int], bool], list[int]]:
+    """`runs(size)`: True up to `limit`; and the list of sizes it was asked, in order."""
+    asked: list[int] = []
+
+    def runs(size: int) -> bool:
+        asked.append(size)
+        return size <= limit
+
+    return runs, asked
+
+
+def test_lightning_version_is_the_one_followed() -> None:
+    assert VERSION == "2.6.5"
+
+
+# -- Lightning power -------------------------------------------------------------------------
+def test_power_doubles_to_the_first_oom_and_halves_once() -> None:
+    runs, asked = oracle(40)
+    assert power_scaling(runs) == 32
+    assert asked == [2, 4, 8, 16, 32, 64]
+
+
+def test_power_goes_on_after_a_first_oom_until_a_success_then_stops_at_the_next_oom() -> None:
+    # 2 fails: halve to 1 and go on (no success yet); 1 runs: double to 2 (again); 2 fails
+    # after a success: halve and stop.
+    runs, asked = oracle(1)
+    assert power_scaling(runs) == 1
+    assert asked == [2, 1, 2]
+
+
+def test_power_answers_0_when_even_1_fails() -> None:
+    runs, asked = oracle(0)
+    assert power_scaling(runs) == 0
+    assert asked == [2, 1]
+
+
+def test_power_stops_untried_at_max_val() -> None:
+    runs, asked = oracle(10_000)
+    assert power_scaling(runs, max_val=64) == 64
+    assert asked == [2, 4, 8, 16, 32]
+
+
+def test_power_counts_every_trial_against_max_trials() -> None:
+    runs, asked = oracle(10_000)
+    assert power_scaling(runs, max_trials=3) == 8
+    assert asked == [2, 4, 8]
+    runs, asked = oracle(1)
+    assert power_scaling(runs, max_trials=2) == 1  # 2 failed, 1 ran on the last trial: kept
+    assert asked == [2, 1]
+
+
+def test_power_doubling_is_capped_at_8192_whatever_max_val() -> None:
+    runs, asked = oracle(10_000)
+    assert power_scaling(runs, init_val=6000, max_val=10_000) == 8192
+    assert asked == [6000, 8192]
+
+
+# -- Lightning binsearch ---------------------------------------------------------------------
+def test_binsearch_bisects_to_a_one_size_bracket_then_takes_the_margin_off() -> None:
+    runs, asked = oracle(40)
+    assert binsearch_scaling(runs) == 38  # int(40 * 0.95)
+    assert asked == [2, 4, 8, 16, 32, 64, 48, 40, 44, 42, 41]
+    runs, _ = oracle(40)
+    assert binsearch_scaling(runs, margin=0.0) == 40
+
+
+def test_binsearch_ends_on_the_last_failure_halved_as_lightning_does() -> None:
+    # The loop ends on the OOM at 34 with new_size = (34 + 33) // 2 = 33: the last success.
+    runs, asked = oracle(33)
+    assert binsearch_scaling(runs, margin=0.0) == 33
+    assert asked == [2, 4, 8, 16, 32, 64, 48, 40, 36, 34, 33]
+
+
+def test_binsearch_oom_at_init_ends_on_1_untried() -> None:
+    runs, asked = oracle(1)
+    assert binsearch_scaling(runs) == 1
+    assert asked == [2]
+
+
+def test_binsearch_stops_untried_at_max_val_and_applies_the_margin() -> None:
+    runs, asked = oracle(10_000)
+    assert binsearch_scaling(runs, max_val=50) == 47  # 64 capped to 50, untried; 50 * 0.95
+    assert asked == [2, 4, 8, 16, 32]
+
+
+def test_binsearch_counts_only_successes_against_max_trials() -> None:
+    runs, asked = oracle(10_000)
+    assert binsearch_scaling(runs, max_trials=3, margin=0.0) == 8
+    assert asked == [2, 4, 8]
+
+
+def test_binsearch_stops_growing_at_the_dataset_length() -> None:
+    runs, asked = oracle(10_000)
+    assert binsearch_scaling(runs, margin=0.0, dataset_length=20) == 32
+    assert asked == [2, 4, 8, 16, 32]
+
+
+def test_binsearch_refuses_a_margin_outside_0_1() -> None:
+    with pytest.raises(ValueError, match="margin"):
+        binsearch_scaling(lambda size: True, margin=1.0)
+
+
+# -- Accelerate ------------------------------------------------------------------------------
+def test_accelerate_backs_off_by_a_tenth_from_128() -> None:
+    runs, asked = oracle(40)
+    assert find_executable_batch_size(runs) == 36
+    assert asked == [128, 115, 103, 92, 82, 73, 65, 58, 52, 46, 41, 36]
+
+
+# -- the 20-step max -------------------------------------------------------------------------
+def test_largest_passing_bisects_from_known_outcomes_and_confirms() -> None:
+    from bench.batch_search import largest_passing
+
+    runs, asked = oracle(13)
+    known = {10: [True], 16: [False]}
+    found = largest_passing(runs, known, start=10)
+    assert found["largest"] == 13 and found["smallest_failing"] == 14 and found["settled"]
+    assert asked == [13, 14, 13]  # bisect 10..16, then 13 again (its second pass)
+    assert known[13] == [True, True]
+
+
+def test_largest_passing_gallops_up_and_down() -> None:
+    from bench.batch_search import largest_passing
+
+    runs, asked = oracle(20)
+    assert largest_passing(runs, {}, start=10)["largest"] == 20
+    assert asked[:5] == [10, 11, 13, 17, 25]  # +1, +2, +4, +8 from the largest pass
+    runs, asked = oracle(5)
+    assert largest_passing(runs, {}, start=10)["largest"] == 5
+    assert asked[:4] == [10, 9, 7, 3]  # -1, -2, -4 from the smallest failure
+
+
+def test_largest_passing_a_size_that_fails_once_does_not_count() -> None:
+    from bench.batch_search import largest_passing
+
+    outcomes = {13: [True, False]}  # 13 passes, then fails its confirmation
+
+    def flaky(size: int) -> bool:
+        if size in outcomes and outcomes[size]:
+            return outcomes[size].pop(0)
+        return size <= 13
+
+    found = largest_passing(flaky, {10: [True], 16: [False]}, start=10)
+    assert found["largest"] == 12
+    assert found["smallest_failing"] == 13
+
+
+def test_largest_passing_none_pass_and_the_run_limit() -> None:
+    from bench.batch_search import largest_passing
+
+    runs, _ = oracle(0)
+    found = largest_passing(runs, {}, start=4)
+    assert found["largest"] == 0 and found["smallest_failing"] == 1 and found["settled"]
+    runs, asked = oracle(1000)
+    found = largest_passing(runs, {}, start=1, max_runs=3)
+    assert not found["settled"] and len(asked) == 3
+
+
+# -- memfit's variants, shares and the table -------------------------------------------------
+def test_memfit_options_come_from_memfit_batch_defaults() -> None:
+    from bench.batch_search import MEMFIT_FLAGS, memfit_options
+
+    default = memfit_options(MEMFIT_FLAGS["memfit"])
+    assert default["margin"] == pytest.approx(0.05)
+    assert default["soak_steps"] > 0 and default["in_process"] is False
+    assert memfit_options(MEMFIT_FLAGS["memfit_no_soak"])["soak_steps"] == 0
+    assert memfit_options(MEMFIT_FLAGS["memfit_in_process"])["in_process"] is True
+    with pytest.raises(RuntimeError, match="no longer takes"):
+        memfit_options(["--no-such-flag"])
+
+
+def test_summarise_and_table() -> None:
+    from rich.console import Console
+
+    from bench.batch_search import summarise, table
+
+    results = {
+        "memfit": {"found": 19, "trains": True, "trials": [{}] * 6, "steps": 8, "seconds": 30},
+        "lightning_binsearch": {
+            "found": 21,
+            "trains": False,
+            "trials": [{}] * 11,
+            "steps": 33,
+            "seconds": 60,
+        },
+        "accelerate": {"found": None, "trials": [], "steps": 0, "seconds": 5, "failed": "x"},
+    }
+    summarise(results, fit_max=20, three_step_max=22)
+    assert results["memfit"]["share_of_fit_max"] == pytest.approx(0.95)
+    assert results["memfit"]["time_vs_binsearch"] == pytest.approx(0.5)
+    assert results["lightning_binsearch"]["share_of_three_step_max"] == pytest.approx(21 / 22)
+    assert results["accelerate"]["time_vs_binsearch"] is None
+    report = {"models": {"M": {"fit_max": 20, "three_step_max": 22, "methods": results}}}
+    console = Console(width=200, record=True)
+    console.print(table(report))
+    text = console.export_text()
+    assert "trains?" in text and "yes" in text and "no" in text and "failed" in text
+    assert "95%" in text and "0.50" in text
+
+
+# -- the check: plain model.fit in a fresh process -------------------------------------------
+@pytest.mark.slow
+def test_fit_steps_trains_a_small_batch_and_runs_out_of_memory_on_a_large_one() -> None:
+    from bench.trials import FIT_STEPS, ChildTrials
+    from memfit.budget import Budget
+
+    seen: dict[int, list[bool]] = {}
+    check = ChildTrials(
+        "tests.factories:small_cnn", Budget.from_size("160MiB"), 20, None, None, seen,
+        function=FIT_STEPS,
+    )  # fmt: skip
+    assert check(4) is True
+    assert check(1024) is False
+    assert seen == {4: [True], 1024: [False]}
+    assert check.log.steps == 40
+
+
+# -- gpu_check -------------------------------------------------------------------------------
+def test_gpu_check_without_a_gpu_says_so_and_exits_0(tmp_path: os.PathLike[str]) -> None:
+    from memfit.devices import nvml_gpus
+
+    if nvml_gpus()[0]:
+        pytest.skip("this machine has an NVIDIA GPU")
+    out = os.path.join(tmp_path, "gpu.json")
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.gpu_check", "--out", out],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "no NVIDIA GPU found" in proc.stdout
+    assert not os.path.exists(out)
+
+
+def test_gpu_check_rows_compare_the_two_sides() -> None:
+    from bench.gpu_check import rows
+
+    side = {
+        "measure": {
+            "budget": {"usable_bytes": 2**30},
+            "models": {
+                "MobileNetV2": {
+                    "batch_size": 32,
+                    "peak_bytes": 400 * 2**20,
+                    "estimate_bytes": 420 * 2**20,
+                    "step_seconds": 0.05,
+                }
+            },
+        },
+        "batch": {"batch_size": 40, "trains": True, "seconds": 20},
+        "recovery": {"plain_fit": "out of memory", "epochs": 2, "recoveries": 1},
+    }
+    report = {
+        "models": ["MobileNetV2"],
+        "doctor": {"devices": [{"type": "GPU", "description": "T", "total_bytes": 2**34}]},
+        "sides": {"gpu": side, "cpu": {"batch": {"error": "TimeoutExpired: x"}}},
+    }
+    table = {row[0]: row[1:] for row in rows(report)}
+    assert table["device"][0] == "T (16384 MiB)"
+    assert table["MobileNetV2 b32: measured peak"] == ("400 MiB", "-")
+    assert table["MobileNetV2 b32: estimate (/ measured)"][0] == "420 MiB (1.05x)"
+    assert table["memfit batch under 1GiB, 20-step model.fit"] == (
+        "40, trains (20 s)",
+        "TimeoutExpired: x",
+    )
+    assert "plain: out of memory" in table["recovery under 256MiB"][0]
