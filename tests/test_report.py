@@ -251,3 +251,72 @@ def test_bad_logs_are_one_clear_error_without_traceback(run_log: str, tmp_path) 
         assert "Traceback" not in proc.stderr
     unwritable = run_cli("report", run_log, "--out", str(tmp_path / "no" / "dir" / "r.html"))
     assert unwritable.returncode == 2 and "does not exist" in unwritable.stderr
+
+
+TWO_FITS = r"""
+import memfit  # first: applies MEMFIT_MEMORY before TensorFlow is imported
+import numpy as np, keras
+rng = np.random.default_rng(0)
+x = rng.random((320, 32, 32, 3), dtype=np.float32)
+y = (x[:, :8, :8, 0].mean(axis=(1, 2)) * 10).astype("int64").clip(0, 9)
+keras.utils.set_random_seed(1)
+m = keras.Sequential([keras.Input((32, 32, 3)), keras.layers.Conv2D(16, 3, activation="relu"),
+                      keras.layers.GlobalAveragePooling2D(), keras.layers.Dense(10)])
+m.compile(keras.optimizers.Adam(1e-3),
+          keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+w = memfit.Watch(log_path={log!r}, name="two-fits", verbose=False)
+m.fit(x, y, batch_size=16, epochs=1, verbose=0, callbacks=[w])
+m.fit(x[:160], y[:160], batch_size=8, epochs=1, verbose=0, callbacks=[w])
+emit({{"runs": w.runs, "steps": len(w.steps)}})
+"""
+
+
+@pytest.fixture(scope="module")
+def two_fit_log(tmp_path_factory: pytest.TempPathFactory) -> str:
+    log = str(tmp_path_factory.mktemp("report2") / "two.jsonl")
+    out = run_isolated(TWO_FITS.format(log=log), env={"MEMFIT_MEMORY": "512MiB"})
+    assert out == {"runs": 2, "steps": 20}
+    return log
+
+
+def test_a_watch_reused_for_two_fits_appends_a_run_each(two_fit_log: str) -> None:
+    lines = [json.loads(line) for line in Path(two_fit_log).read_text().splitlines()]
+    headers = [i for i, line in enumerate(lines) if line["type"] == "header"]
+    assert len(headers) == 2 and headers[0] == 0
+    assert [lines[i]["run"] for i in headers] == [0, 1]
+    second = lines[headers[1] :]
+    steps = [line["step"] for line in second if line["type"] == "step"]
+    assert steps == list(range(20))  # batch 8 over 160 samples, counted from 0 again
+    assert [line["type"] for line in lines].count("end") == 2
+    proc = run_cli("report", two_fit_log, "--out", two_fit_log + ".html", "--json")
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    assert [r["summary"]["steps"] for r in data["runs"]] == [20, 20]
+    assert data["summary"]["fits"] == 2 and data["summary"]["steps"] == 40
+    text = run_cli("report", two_fit_log, "--out", two_fit_log + ".html")
+    assert "fit 1 of 2" in text.stdout and "fit 2 of 2" in text.stdout
+
+
+def test_report_of_two_fits_renders_both_in_headless_chromium(
+    two_fit_log: str, chromium: str, tmp_path
+) -> None:
+    page = str(tmp_path / "two.html")
+    assert run_cli("report", two_fit_log, "--out", page).returncode == 0
+    dom, console = _browse(chromium, page)
+    assert console == "", console
+    assert "Fit 1: " in dom and "Fit 2: " in dom
+    for ident in ("memory", "time", "loss", "memory-2", "time-2", "loss-2"):
+        svg = re.search(rf"<svg id=\"plot-{ident}\".*?</svg>", dom, re.S)
+        assert svg, f"no {ident} plot in the DOM"
+        points = re.findall(r'points="([^"]+)"', svg.group(0))
+        assert points and max(len(p.split()) for p in points) >= 15, ident
+    assert dom.count('class="fit"') >= 2
+
+
+def test_a_log_without_its_header_is_one_clear_error(two_fit_log: str, tmp_path) -> None:
+    lines = Path(two_fit_log).read_text().splitlines(keepends=True)
+    headless = _write(tmp_path / "headless.jsonl", "".join(lines[1:]))
+    proc = run_cli("report", headless, "--out", str(tmp_path / "x.html"))
+    assert proc.returncode == 2 and proc.stderr.startswith("memfit: error:")
+    assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
+    assert "header line is missing" in proc.stderr

@@ -240,8 +240,19 @@ def train_memfit(directory: str, epochs: int, log_path: str, memory: str) -> dic
 
 
 def _first_line(exc: BaseException) -> str:
-    text = re.sub(r"\x1b\[[0-9;]*m", "", str(exc))  # Keras bolds parts of its messages
-    return " ".join(text.split())[:300]
+    """One clean line of an error: the OOM's allocation, or the message without the graph
+    traceback TensorFlow appends ("Detected at node ... defined at ... File ...")."""
+    from memfit.backend import tf as tfb
+
+    text = re.sub(r"\x1b\[[0-9;]*m", "", getattr(exc, "message", None) or str(exc))
+    if tfb.is_oom(exc):
+        text = tfb.oom_summary(exc)
+    else:
+        lines = [line.strip() for line in text.splitlines() if line.strip()]
+        lines = [line for line in lines if line.rstrip(":") != "Graph execution error"]
+        text = lines[0] if lines else type(exc).__name__
+    text = re.split(r"Detected at node|\s\[\[\{\{node|\. Hint:", text)[0]
+    return " ".join(text.split()).rstrip(" .:")[:240]
 
 
 # -- the driver -----------------------------------------------------------------------------------

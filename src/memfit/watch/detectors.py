@@ -589,7 +589,7 @@ class LossMonitor:
     divergence is a loss above its start):
 
     - `explosion`: two losses in a row above `explosion_factor` times both the start and
-      the recent median (found at once: the run is lost);
+      the median of the losses before them (found at once: the run is lost);
     - `spike`: a loss above `spike_factor` times the recent median and `noise_sigmas`
       spreads above it, *and* most of the next `confirm_steps` losses stay up there (one
       bad batch, or a warm-up's short spike, is not a divergence);
@@ -691,16 +691,18 @@ class LossMonitor:
         history = self.history
         if len(history) < 3:
             return None
-        reference = max(base, recent)
         before = history[-2]
-        limit = self.explosion_factor * max(base, median(history[-self.window - 2 : -2]))
-        if loss > self.explosion_factor * reference and before > limit and loss > 1e-6:
+        # Both losses against the stretch before them (the first one would lift a median).
+        earlier = median(history[-self.window - 2 : -2])
+        limit = self.explosion_factor * max(base, earlier)
+        if loss > limit and before > limit and loss > 1e-6:
             return (
                 "explosion",
                 step - 1,
                 f"the loss exploded to {before:.4g} and {loss:.4g}, over "
-                f"{self.explosion_factor:.0f}x where it started ({base:.4g})",
-                {"loss": loss, "start_loss": base, "recent_median_loss": recent},
+                f"{self.explosion_factor:.0f}x where it was ({max(base, earlier):.4g}; it "
+                f"started at {base:.4g})",
+                {"loss": loss, "start_loss": base, "recent_median_loss": earlier},
             )
         return None
 
