@@ -157,6 +157,212 @@ def open_measurer(
     return measure
 
 
+def _build_model(
+    spec: str,
+    shape: Any,
+    precision: str | None,
+    remat: str | None,
+    classes: int | None,
+    safe_mode: bool,
+) -> Any:
+    """Build or load MODEL under a dtype policy and `keras.RematScope` (policy restored)."""
+    import contextlib
+
+    from memfit.backend import tf as tfb
+    from memfit.models import load_model
+
+    keras = tfb.import_keras()
+    previous = keras.mixed_precision.dtype_policy()
+    if precision:
+        keras.mixed_precision.set_dtype_policy(precision)
+    try:
+        with keras.RematScope(mode=remat) if remat else contextlib.nullcontext():
+            return load_model(spec, input_shape=shape, classes=classes, safe_mode=safe_mode)
+    finally:
+        keras.mixed_precision.set_dtype_policy(previous)
+
+
+def _one_shape(input_shape: list[list[int]] | None) -> Any:
+    return input_shape[0] if input_shape and len(input_shape) == 1 else input_shape
+
+
+def open_estimator(
+    spec: str,
+    data: str | None,
+    input_shape: list[list[int]] | None,
+    optimizer: str | None,
+    loss: str | None,
+    classes: int | None = None,
+    safe_mode: bool = True,
+    imports: list[str] | None = None,
+) -> Callable[..., dict[str, Any]]:
+    """Return `estimate(precision, remat, batch_size, micro_batches)` for `memfit.plan`.
+
+    Each call predicts (with `memfit.estimate`, nothing run) the peak of the step
+    `memfit.fit` runs for the model built under `precision` and `remat`: the model's step at
+    the micro-batch size, plus what a micro-batched step holds besides (the gradient sums
+    and the rest of the batch). One model is alive at a time: a new configuration replaces
+    the last. `estimate(what="device")` answers only the device the child trains on.
+    """
+    for name in imports or []:
+        importlib.import_module(name)
+    import gc
+    import math
+
+    from memfit.backend import tf as tfb
+    from memfit.estimate import estimate_workload
+    from memfit.workload import Workload
+
+    keras = tfb.import_keras()
+    shape = _one_shape(input_shape)
+    dataset = load_dataset(data) if data else None
+    built: dict[tuple[str | None, str | None], Any] = {}
+
+    def workload_for(precision: str | None, remat: str | None) -> Any:
+        key = (precision, remat)
+        if key not in built:
+            built.clear()
+            keras.backend.clear_session()
+            gc.collect()
+            model = _build_model(spec, shape, precision, remat, classes, safe_mode)
+            built[key] = Workload(
+                model, optimizer=optimizer, loss=loss, input_shape=shape, data=dataset
+            )
+        return built[key]
+
+    def estimate(
+        what: str = "estimate",
+        precision: str | None = None,
+        remat: str | None = None,
+        batch_size: int = 1,
+        micro_batches: int = 1,
+    ) -> dict[str, Any]:
+        device = tfb.default_device()
+        if what == "device":
+            return {"device": device}
+        workload = workload_for(precision, remat)
+        micro = math.ceil(batch_size / micro_batches)
+        result = estimate_workload(workload, micro)
+        extra = 0
+        if micro_batches > 1:
+            # Gradient sums, one per trainable variable, and the rest of the batch, which
+            # stays in memory while its micro-batches are sliced from it.
+            extra = sum(int(math.prod(v.shape)) * 4 for v in workload.model.trainable_variables)
+            full, part = (workload.synthetic_batch_bytes(n) for n in (batch_size, micro))
+            extra += (full - part) if full is not None and part is not None else 0
+        return {
+            "device": device,
+            "peak_bytes": result.peak_bytes + extra,
+            "step_peak_bytes": result.peak_bytes,
+            "resident_bytes": result.resident_bytes,
+            "extra_bytes": extra,
+        }
+
+    return estimate
+
+
+class _Recovered(Exception):
+    """Raised from `memfit.fit`'s `on_recovery` to end a confirmation run at once."""
+
+
+def confirm_plan(
+    spec: str,
+    batch_size: int,
+    micro_batches: int,
+    steps: int,
+    data: str | None,
+    input_shape: list[list[int]] | None,
+    optimizer: str | None,
+    loss: str | None,
+    precision: str | None = None,
+    remat: str | None = None,
+    classes: int | None = None,
+    safe_mode: bool = True,
+    imports: list[str] | None = None,
+) -> dict[str, Any]:
+    """Train `steps` steps of `memfit.fit` at a plan's configuration, in this fresh process.
+
+    The model is built under the plan's precision and recompute, its batch of `batch_size`
+    samples (synthesised, or the dataset's largest) repeats for `steps` updates of `K =
+    micro_batches`. The run stops at the first recovery (the plan did not hold). Training
+    pauses between steps (no allocator-stall watch here): the parent stops the process soon
+    after TensorFlow logs an OOM instead (`run_in_child(oom_grace=...)`).
+
+    Returns:
+        `steps_done`, `recoveries` (their descriptions), `peak_bytes` (highest step peak),
+        `peaks_bytes`, `step_seconds` (median after the first step), `error` (why training
+        stopped, when `memfit.fit` gave up).
+    """
+    for name in imports or []:
+        importlib.import_module(name)
+    import statistics
+    import time
+
+    import memfit
+    from memfit.backend import tf as tfb
+    from memfit.errors import MemfitError
+    from memfit.workload import Workload
+
+    tf = tfb.import_tf()
+    keras = tfb.import_keras()
+    shape = _one_shape(input_shape)
+    dataset = load_dataset(data) if data else None
+    model = _build_model(spec, shape, precision, remat, classes, safe_mode)
+    workload = Workload(
+        model,
+        optimizer=optimizer,
+        loss=loss,
+        input_shape=shape,
+        data=dataset,
+        worst_case=dataset is not None,
+    )
+    device = tfb.default_device()
+    x, y = workload.batch(int(batch_size))
+    batches = tf.data.Dataset.from_tensors((x, y)).repeat(int(steps))
+    peaks: list[int] = []
+    times: list[float] = []
+    recoveries: list[str] = []
+
+    class Recorder(keras.callbacks.Callback):
+        def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
+            self.started = time.perf_counter()
+
+        def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+            times.append(time.perf_counter() - self.started)
+            peak = self.model.train_function.guarded_step.last_peak_bytes
+            if peak is not None:
+                peaks.append(int(peak))
+
+    def stop(recovery: Any) -> None:
+        recoveries.append(str(recovery))
+        raise _Recovered
+
+    error = None
+    try:
+        memfit.fit(
+            model,
+            batches,
+            epochs=1,
+            verbose=0,
+            callbacks=[Recorder()],
+            micro_batches=int(micro_batches),
+            on_recovery=stop,
+        )
+    except _Recovered:
+        pass
+    except MemfitError as exc:  # even one sample per micro-batch ran out of memory
+        error = str(exc)
+    return {
+        "steps_done": len(times),
+        "recoveries": recoveries,
+        "peak_bytes": max(peaks) if peaks else None,
+        "peaks_bytes": peaks,
+        "step_seconds": statistics.median(times[1:]) if len(times) > 1 else None,
+        "error": error,
+        "device": device,
+    }
+
+
 # Where the call being answered writes its result. `main` runs as `__main__` and fills the
 # list of the imported `memfit._child`, the module the handlers come from.
 _answer_path: list[str] = []
