@@ -308,7 +308,11 @@ def measure(
                 "data": data,
             }
             if isolated:
-                result = run_measure(target, size, isolated=True, **kwargs)
+                from memfit.isolate import measure_in_child
+
+                result = measure_in_child(
+                    target, size, classes=classes, safe_mode=not unsafe, **kwargs
+                )
             else:
 
                 def report(text: str, _status: Any = status) -> None:
@@ -467,6 +471,8 @@ def batch(
             isolated=not in_process,
             soak_steps=soak_steps,
             on_trial=show,
+            classes=classes,
+            safe_mode=not unsafe,
         )
     if as_json:
         _print_json(result.to_dict())
@@ -508,6 +514,14 @@ def batch(
     type=click.Choice(["none", "larger_than", "activations", "list_of_layers", "full"]),
     help="keras.RematScope modes to consider (repeat; default none, larger_than, activations).",
 )
+@click.option(
+    "--no-confirm",
+    "no_confirm",
+    is_flag=True,
+    help="Answer without the confirmation run (by default the chosen configuration trains "
+    "20 steps of memfit.fit in a fresh process, and one that needs a recovery gives way "
+    "to the next).",
+)
 @model_options
 @budget_options
 @json_option
@@ -517,6 +531,7 @@ def plan(
     margin: float,
     precisions: tuple[str, ...],
     remat_modes: tuple[str, ...],
+    no_confirm: bool,
     input_shape: Any,
     classes: int | None,
     optimizer: str | None,
@@ -529,10 +544,11 @@ def plan(
 ) -> None:
     """Plan micro-batches, precision and recompute for a target batch of MODEL.
 
-    Each candidate is the step memfit.fit runs (micro-batched gradients, one update),
-    measured in a fresh child process under the budget; the fastest that fits wins.
-    Precision and recompute are planned for factories and built-ins, which memfit can
-    rebuild; for a .keras file only the number of micro-batches.
+    memfit.estimate predicts each configuration's peak; the finalists run the step
+    memfit.fit runs (micro-batched gradients, one update) in fresh child processes under the
+    budget, the fastest that fits wins, and it must train 20 steps of memfit.fit in a fresh
+    process without a recovery. Precision and recompute are planned for factories and
+    built-ins, which memfit can rebuild; for a .keras file only the number of micro-batches.
     """
     check_model_spec(model)
     budget = resolve_budget(memory=memory, device=device) or Budget.from_device()
@@ -542,6 +558,8 @@ def plan(
         verdict = (
             f"[red]{c.error[:80]}[/]"
             if c.error
+            else f"[bold red]did not hold: {c.recoveries[0][:80]}[/]"
+            if c.confirmed is False
             else "[bold red]out of memory[/]"
             if c.oom
             else "[green]fits[/]"
@@ -549,12 +567,13 @@ def plan(
             else "[yellow]over the margin[/]"
         )
         err.print(
-            f"  {c.precision:<15} remat {str(c.remat or 'none'):<12} K={c.micro_batches:<4}"
-            f" micro {c.micro_batch_size:<5} {verdict}  peak {format_size(c.peak_bytes)}"
+            f"  {_plan_stage(c):<10} {c.precision:<15} remat {str(c.remat or 'none'):<12}"
+            f" K={c.micro_batches:<4} micro {c.micro_batch_size:<5} {verdict}  peak "
+            + format_size(c.peak_bytes if c.measured else c.predicted_peak_bytes)
             + (f"  {c.step_seconds:.3f} s/batch" if c.step_seconds else "")
         )
 
-    with err.status("Planning: measuring candidates", spinner="dots"):
+    with err.status("Planning: estimating, measuring, confirming", spinner="dots"):
         result = make_plan(
             model,
             batch_size,
@@ -567,13 +586,17 @@ def plan(
             optimizer=optimizer,
             loss=loss,
             on_candidate=show,
+            classes=classes,
+            safe_mode=not unsafe,
+            confirm=not no_confirm,
         )
     if as_json:
         _print_json(result.to_dict())
     else:
         table = Table(title=f"plan for batch {batch_size} in {format_size(budget.usable_bytes)}")
-        for column in ("precision", "remat", "K", "micro-batch", "peak", "s / batch", ""):
-            left = column in ("precision", "remat")
+        columns = ("precision", "remat", "K", "micro-batch", "predicted", "peak", "s / batch")
+        for column in (*columns, "how", ""):
+            left = column in ("precision", "remat", "how")
             table.add_column(column, justify="left" if left else "right")
         for c in result.candidates:
             chosen = (
@@ -587,8 +610,10 @@ def plan(
                 c.remat or "none",
                 str(c.micro_batches),
                 str(c.micro_batch_size),
-                format_size(c.peak_bytes),
+                format_size(c.predicted_peak_bytes) if c.predicted_peak_bytes else "-",
+                format_size(c.peak_bytes) if c.measured else "-",
                 f"{c.step_seconds:.3f}" if c.step_seconds else "-",
+                _plan_stage(c),
                 "[bold green]chosen[/]"
                 if chosen
                 else ("error" if c.error else "OOM" if c.oom else "fits" if c.fits else "over"),
@@ -597,6 +622,13 @@ def plan(
         style = "bold" if result.fits else "bold red"
         out.print(f"[{style}]{result.summary()}[/]")
     sys.exit(0 if result.fits else 1)
+
+
+def _plan_stage(candidate: Any) -> str:
+    """How far a plan's candidate got: estimated, measured, confirmed (or failed it)."""
+    if candidate.confirmed is not None:
+        return "confirmed" if candidate.confirmed else "failed"
+    return "measured" if candidate.measured else "estimated" if candidate.estimated_only else "-"
 
 
 # -- data -----------------------------------------------------------------------------------
