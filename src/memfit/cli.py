@@ -763,13 +763,25 @@ def _render_data_check(result: Any) -> None:
     type=click.FloatRange(min=0, min_open=True),
     help="Training steps per second the pipeline must keep up with.",
 )
+@click.option(
+    "--model",
+    metavar="MODEL",
+    help="When a map enlarges images, measure this model's training step at the produced "
+    "and the stored image size (a .keras file, package.module:factory or a built-in).",
+)
 @json_option
 def data_audit(
-    dataset_fn: str, steps: int, target_steps_per_second: float | None, as_json: bool
+    dataset_fn: str,
+    steps: int,
+    target_steps_per_second: float | None,
+    model: str | None,
+    as_json: bool,
 ) -> None:
     """Audit the tf.data pipeline a package.module:dataset_fn returns: findings and throughput.
 
-    Exits with status 1 when a finding is a warning (or the target rate is missed).
+    Also lists the image shapes the pipeline produces next to the sizes of the images stored
+    in the TFRecords it reads, and flags a map that enlarges them. Exits with status 1 when a
+    finding is a warning (or the target rate is missed).
     """
     module, _, attr = dataset_fn.partition(":")
     if not module or not attr or not all(p.isidentifier() for p in module.split(".")):
@@ -783,7 +795,9 @@ def data_audit(
     with err.status("Building the dataset", spinner="dots") as status:
         dataset = load_dataset(dataset_fn)
         status.update(f"Auditing: linting, then timing {steps} elements")
-        result = run_audit(dataset, steps=steps, target_steps_per_second=target_steps_per_second)
+        result = run_audit(
+            dataset, steps=steps, target_steps_per_second=target_steps_per_second, model=model
+        )
     if as_json:
         _print_json(result.to_dict())
     else:
@@ -799,6 +813,10 @@ def data_audit(
                 f"{result.samples_per_second:.1f} samples/s{batches} over {result.steps} "
                 f"elements; first element after {result.first_element_seconds:.2f} s"
             )
+        if result.element_shapes:
+            shapes = ", ".join("x".join(map(str, s)) for s in result.element_shapes[:4])
+            stored = ", ".join(f"{k} ({v})" for k, v in list(result.stored_sizes.items())[:4])
+            out.print(f"Images: the pipeline yields {shapes}; stored: {stored or 'not read'}")
         verdict = "no findings" if not result.findings else f"{len(result.findings)} finding(s)"
         out.print(f"[{'green' if result.ok else 'bold red'}]{verdict}[/]")
     sys.exit(0 if result.ok else 1)

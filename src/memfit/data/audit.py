@@ -12,14 +12,22 @@ run) and names what makes input pipelines slow or fragile:
 - `serial_file_reads`: `TFRecordDataset` over several files, read one after another.
 - `no_error_policy` (info): files decoded with no decision about bad records.
 - `input_bound`: measured elements/s below a target step rate.
+- `map_enlarges_images`: the elements' images have at least 1.5x the pixels of the largest
+  stored one (read from the TFRecords the pipeline reads) and a map scales them by a size it
+  computes (an augmentation that doubles the resolution quadruples the step's activations);
+  with a model, what that costs a step. Resizing (and padding) images of several sizes to
+  one input size is what a model needs, and is not flagged.
 
-Each finding carries its fix.
+Each finding carries its fix. When timed, the result also lists the image shapes the
+pipeline produces next to the stored images' sizes.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -29,6 +37,20 @@ from memfit.sizes import format_size
 
 LARGE_SLICES_BYTES = 64 * 1024**2
 CACHE_BYTES = 512 * 1024**2
+# Elements whose images have this many times the stored pixels were enlarged by a map.
+ENLARGE_FACTOR = 1.5
+# Stored sizes are read from at most this many records.
+STORED_RECORDS = 2000
+_RESIZE_OPS = {
+    "ResizeBilinear",
+    "ResizeBicubic",
+    "ResizeNearestNeighbor",
+    "ResizeArea",
+    "ScaleAndTranslate",
+    "ResizeBilinearV2",
+    "ImageProjectiveTransformV3",
+    "CropAndResize",
+}
 # Ops that make a map "expensive": decoding, resizing, Python, loops over elements.
 _EXPENSIVE = (
     "DecodeJpeg",
@@ -97,6 +119,11 @@ class AuditResult:
         samples_per_second: samples per second (elements × batch size, when batched).
         batch_size: leading dimension of an element when the pipeline batches, else None.
         target_steps_per_second: the rate asked for, if any.
+        element_shapes: the distinct image shapes of the timed elements (`[N, H, W, C]`
+            when batched), most common first.
+        stored_sizes: `"HxW"` -> images, for the images stored in the TFRecords the
+            pipeline reads (from `image/height`/`image/width`, or the encoded image).
+        memory: with a model, a training step's peak at the produced and the stored size.
     """
 
     findings: list[AuditFinding] = field(default_factory=list)
@@ -107,6 +134,9 @@ class AuditResult:
     samples_per_second: float | None = None
     batch_size: int | None = None
     target_steps_per_second: float | None = None
+    element_shapes: list[list[int | None]] = field(default_factory=list)
+    stored_sizes: dict[str, int] = field(default_factory=dict)
+    memory: dict[str, Any] | None = None
 
     @property
     def ok(self) -> bool:
@@ -132,6 +162,7 @@ def audit(
     *,
     large_bytes: int = LARGE_SLICES_BYTES,
     cache_bytes: int = CACHE_BYTES,
+    model: Any = None,
 ) -> AuditResult:
     """Lint a `tf.data.Dataset`'s graph and measure how fast it yields elements.
 
@@ -142,6 +173,9 @@ def audit(
             (e.g. from `memfit measure`'s step time); a slower pipeline is `input_bound`.
         large_bytes: `from_tensor_slices` constants above this are `large_tensor_slices`.
         cache_bytes: files read from disk totalling less than this should be cached.
+        model: a Keras model or MODEL spec (`package.module:factory`, a `.keras` file): when
+            a map enlarges images, a training step is measured (in a child process) at the
+            produced and at the stored size, to say what the enlargement costs.
 
     Returns:
         An `AuditResult`; `result.ok` is False when a finding is a warning.
@@ -166,6 +200,11 @@ def audit(
     result.findings, result.ops = _lint(graph, large_bytes, cache_bytes)
     if steps:
         _measure(tf, dataset, steps, result)
+        nodes = {n.name: n for n in graph.node}
+        files = [f for f in _read_files(graph, nodes) if os.path.isfile(f)]
+        if files and result.element_shapes:
+            result.stored_sizes = stored_sizes(files)
+            _check_enlarged(graph, result, model)
         if (
             target_steps_per_second
             and result.elements_per_second is not None
@@ -198,17 +237,22 @@ def _measure(tf: Any, dataset: Any, steps: int, result: AuditResult) -> None:
         return
     result.first_element_seconds = time.perf_counter() - start
     leaves = tf.nest.flatten(first)
-    if any(f.endswith("batch") for f in result.ops) and leaves and leaves[0].shape.rank:
+    batched = any(f.endswith("batch") for f in result.ops)
+    if batched and leaves and leaves[0].shape.rank:
         result.batch_size = int(leaves[0].shape[0])
+    shapes: Counter[tuple[int | None, ...]] = Counter()
+    _count_image_shape(tf, first, batched, shapes)
     count = 0
     start = time.perf_counter()
     for _ in range(steps):
         try:
-            next(iterator)
+            element = next(iterator)
         except StopIteration:
             break
+        _count_image_shape(tf, element, batched, shapes)
         count += 1
     elapsed = time.perf_counter() - start
+    result.element_shapes = [list(shape) for shape, _ in shapes.most_common(10)]
     result.steps = count
     if count and elapsed > 0:
         result.elements_per_second = count / elapsed
@@ -488,3 +532,167 @@ def _read_files(graph: Any, nodes: dict[str, Any]) -> list[str]:
                 if const is not None:
                     files.extend(s for s in _strings(const) if os.path.isfile(s))
     return files
+
+
+# -- image sizes: produced vs stored ----------------------------------------------------------
+def _count_image_shape(tf: Any, element: Any, batched: bool, shapes: Counter) -> None:
+    """Count the shape of an element's image (the first leaf shaped like one)."""
+    rank = 4 if batched else 3
+    for leaf in tf.nest.flatten(element):
+        shape = getattr(leaf, "shape", None)
+        if shape is not None and shape.rank == rank and shape[-1] in (1, 3, 4):
+            shapes[tuple(shape.as_list())] += 1
+            return
+
+
+def stored_sizes(files: list[str], limit: int = STORED_RECORDS) -> dict[str, int]:
+    """`"HxW"` -> count for the images stored in TFRecord files (at most `limit` records).
+
+    Reads `image/height` and `image/width`, or else the encoded image's header
+    (`image/encoded`); records that are not `tf.train.Example`s are skipped.
+
+    Args:
+        files: TFRecord files (gzip ones are detected by their `.gz` suffix).
+        limit: records to read in all.
+    """
+    tf = tfb.import_tf()
+    sizes: Counter[str] = Counter()
+    read = 0
+    for path in files:
+        compression = "GZIP" if path.endswith(".gz") else ""
+        try:
+            for record in tf.data.TFRecordDataset(path, compression_type=compression):
+                if read >= limit:
+                    break
+                read += 1
+                size = _record_size(tf, record.numpy())
+                if size is not None:
+                    sizes[f"{size[0]}x{size[1]}"] += 1
+        except tf.errors.OpError:
+            continue  # a damaged file: `memfit data check` reports it
+        if read >= limit:
+            break
+    return dict(sizes.most_common())
+
+
+def _record_size(tf: Any, record: bytes) -> tuple[int, int] | None:
+    try:
+        example = tf.train.Example.FromString(record)
+    except Exception:  # noqa: BLE001 - not an Example: no size to read
+        return None
+    feature = example.features.feature
+    height = feature.get("image/height")
+    width = feature.get("image/width")
+    if height is not None and width is not None and height.int64_list.value:
+        return int(height.int64_list.value[0]), int(width.int64_list.value[0])
+    encoded = feature.get("image/encoded")
+    if encoded is None or not encoded.bytes_list.value:
+        return None
+    try:
+        shape = tf.io.decode_image(encoded.bytes_list.value[0], expand_animations=False).shape
+    except tf.errors.OpError:
+        return None
+    return int(shape[0]), int(shape[1])
+
+
+def _check_enlarged(graph: Any, result: AuditResult, model: Any) -> None:
+    """`map_enlarges_images` when the produced images have more pixels than any stored one."""
+    if not result.stored_sizes:
+        return
+    produced = [s for s in result.element_shapes if all(isinstance(d, int) for d in s)]
+    if not produced:
+        return
+    shape = max(produced, key=lambda s: s[-3] * s[-2])
+    height, width = shape[-3], shape[-2]
+    stored = [tuple(int(v) for v in key.split("x")) for key in result.stored_sizes]
+    big_h, big_w = max(stored, key=lambda hw: hw[0] * hw[1])
+    ratio = height * width / (big_h * big_w)
+    if ratio < ENLARGE_FACTOR:
+        return
+    chain = _chain(graph)
+    maps = [
+        n
+        for n in chain
+        if _base(n.op) in ("MapDataset", "ParallelMapDataset", "MapAndBatchDataset")
+        and _function_ops(graph, n) & _RESIZE_OPS
+    ]
+    scaling = [n.name for n in maps if _scales_by_image(graph, n)]
+    if len(produced) == 1 and (len(stored) > 1 or not scaling):
+        return  # images of several sizes made one: resized to the model's input size
+    node = (scaling or [n.name for n in maps] or [""])[-1]  # the chain runs output -> source
+    what = f"a map ({node})" if node else "a map"
+    message = (
+        f"the pipeline yields images of {height}x{width} (elements "
+        f"{'x'.join(map(str, shape))}) from images stored at most {big_h}x{big_w}: {what} "
+        f"enlarges them, {ratio:.3g}x the pixels, and a training step's activations grow with "
+        f"them"
+    )
+    fix = (
+        f"resize to the stored size or below ({big_h}x{big_w}), or crop instead of scaling "
+        f"up; if the augmentation must enlarge, plan the memory for {height}x{width} "
+        f"(`memfit batch MODEL --input-shape {height},{width},{shape[-1]}`) or train with "
+        f"memfit.fit, which splits steps that do not fit"
+    )
+    if model is not None:
+        result.memory = _enlarge_memory(
+            model, result.batch_size or 1, (height, width), (big_h, big_w)
+        )
+        peak, base = result.memory["produced_peak_bytes"], result.memory["stored_peak_bytes"]
+        if peak and base:
+            message += (
+                f"; with {result.memory['model']} a step of batch {result.batch_size or 1} "
+                f"peaks at {format_size(peak)} at {height}x{width} against {format_size(base)} "
+                f"at {big_h}x{big_w} (+{format_size(peak - base)})"
+            )
+    result.findings.append(AuditFinding("map_enlarges_images", node, message, fix))
+
+
+def _scales_by_image(graph: Any, node: Any) -> bool:
+    """Whether a map scales images by a size computed in the map (a factor of the image's
+    own size, a random scale), rather than resizing to a constant target or resizing and
+    padding to a fixed canvas (the model's input size)."""
+    library = {f.signature.name: f for f in graph.library.function}
+    pending = [v.func.name for v in node.attr.values() if v.HasField("func")]
+    seen: set[str] = set()
+    computed = padded = False
+    while pending:
+        name = pending.pop()
+        if name in seen or name not in library:
+            continue
+        seen.add(name)
+        function = library[name]
+        inner = {n.name: n for n in function.node_def}
+        for n in function.node_def:
+            pending.extend(v.func.name for v in n.attr.values() if v.HasField("func"))
+            if n.op in library:
+                pending.append(n.op)
+            padded = padded or n.op in ("Pad", "PadV2", "MirrorPad")
+            if n.op not in _RESIZE_OPS or len(n.input) < 2:
+                continue
+            source = inner.get(n.input[1].split(":")[0])
+            while source is not None and source.op == "Identity" and source.input:
+                source = inner.get(source.input[0].split(":")[0])
+            computed = computed or source is None or source.op != "Const"
+    return computed and not padded
+
+
+def _enlarge_memory(
+    model: Any, batch_size: int, produced: tuple[int, int], stored: tuple[int, int]
+) -> dict[str, Any]:
+    """A step's peak at the produced and the stored image size (`check.model_memory`)."""
+    from memfit.data.check import ImageInfo, model_memory
+
+    out: dict[str, Any] = {"batch_size": batch_size}
+    for key, (h, w) in (("produced", produced), ("stored", stored)):
+        info = ImageInfo("", 0, h, w, h * w * 3)
+        memory = model_memory(model, info, batch_size)
+        out["model"] = memory["model"]
+        out[f"{key}_height"], out[f"{key}_width"] = h, w
+        out[f"{key}_peak_bytes"] = memory["peak_bytes"]
+        out[f"{key}_mode"] = memory["mode"]
+    produced_peak, stored_peak = out["produced_peak_bytes"], out["stored_peak_bytes"]
+    out["enlargement_bytes"] = (
+        produced_peak - stored_peak if produced_peak and stored_peak else None
+    )
+    out["pixel_ratio"] = round(produced[0] * produced[1] / math.prod(stored), 4)
+    return out
