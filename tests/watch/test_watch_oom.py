@@ -145,6 +145,10 @@ def test_memory_kept_from_step_to_step_is_named_as_growth(failures: dict) -> Non
     assert oom["evidence"]["cause"] == "memory_growth"
     assert "memory in use before the step rose" in oom["cause"]
     assert oom["evidence"]["growth_bytes"] > 32 * 2**20
+    # Before it: near_budget predicted the step of the OOM from the memory trend.
+    near = next(f for f in failures["growth"]["findings"] if f["kind"] == "near_budget")
+    assert near["step"] < oom["step"] and "out of memory in about" in near["message"]
+    assert abs(near["evidence"]["oom_step"] - oom["step"]) <= 0.2 * oom["step"], (near, oom)
 
 
 @pytest.mark.slow

@@ -85,6 +85,11 @@ class Watch(keras.callbacks.Callback):
         plateau_steps: `divergence` (plateau) when after this many steps the loss has not
             fallen below 97% of where it started.
 
+    Attributes:
+        findings: every `WatchFinding` so far, over all fits (each with its fit's `run`).
+        steps: the step records of the current (or last) fit, as written to the log.
+        runs: how many fits this `Watch` has watched.
+
     Example:
         ```python
         watch = memfit.Watch(log_path="run.jsonl")
