@@ -19,15 +19,15 @@ one run, each with the defaults its users get, and only the search is timed:
 OOM, a SIGSEGV past the cap or a hang in the allocator's retry means it does not train.
 
 **The 20-step max** (the ground truth): the largest size that passes that same check in every
-fresh process it ran in (at least twice), with the size above it failing: seeded with the
-answers' checks, galloped up or down from them, bisected to 1 size, the largest confirmed by
-a second fresh run. Each answer is reported as a share of it, and each method's search time
-as a ratio to Lightning binsearch's. The **3-step max** (the largest size that trains 3 steps
-of Keras' train function on the batch, as Lightning's trials do) is kept as a second column
-(`--three-step`; on by default, off with --quick).
+fresh process it ran in (at least twice; once with --quick), with the size above it failing:
+seeded with the answers' checks, galloped up or down from them, bisected to 1 size, the
+largest confirmed by a second fresh run. Each answer is reported as a share of it, and each
+method's search time as a ratio to Lightning binsearch's. The **3-step max** (the largest
+size that trains 3 steps of Keras' train function on the batch, as Lightning's trials do) is
+kept as a second column (`--three-step`; on by default, off with --quick).
 
-    python -m bench.batch_search            # four models (about 1.5 hours on 2 cores)
-    python -m bench.batch_search --quick    # MobileNetV2 at 96x96, no Accelerate (minutes)
+    python -m bench.batch_search            # four models (about 2 hours on 2 cores)
+    python -m bench.batch_search --quick    # MobileNetV2 96x96, no Accelerate (~10 min)
     python -m bench.batch_search --models ResNet50 --out out.json
 """
 
@@ -327,7 +327,13 @@ def check_answers(
     return check
 
 
-def fit_truth(case: Case, budget: Any, known: dict[int, list[bool]], start: int) -> dict[str, Any]:
+def fit_truth(
+    case: Case,
+    budget: Any,
+    known: dict[int, list[bool]],
+    start: int,
+    confirmations: int = CONFIRMATIONS,
+) -> dict[str, Any]:
     """The 20-step max: `largest_passing` over `CHECK_STEPS`-step `model.fit` checks."""
     check = ChildTrials(
         case.spec,
@@ -339,7 +345,7 @@ def fit_truth(case: Case, budget: Any, known: dict[int, list[bool]], start: int)
         _progress("20-step max"),
         function=FIT_STEPS,
     )
-    found = largest_passing(check, known, start)
+    found = largest_passing(check, known, start, confirmations=confirmations)
     return {
         "fit_max": found["largest"],
         "check_steps": CHECK_STEPS,
@@ -421,7 +427,13 @@ def summarise(results: dict[str, Any], fit_max: int | None, three_step_max: int 
         )
 
 
-def bench_case(name: str, case: Case, methods: list[str], three_step: bool) -> dict[str, Any]:
+def bench_case(
+    name: str,
+    case: Case,
+    methods: list[str],
+    three_step: bool,
+    confirmations: int = CONFIRMATIONS,
+) -> dict[str, Any]:
     """Run every method on one case, check every answer, find the maxima."""
     from memfit.budget import Budget
 
@@ -461,7 +473,7 @@ def bench_case(name: str, case: Case, methods: list[str], three_step: bool) -> d
     console.print(f"  [bold]20-step max ({CHECK_STEPS} steps of model.fit)[/bold]")
     answers = [r["found"] for r in results.values() if r.get("found")]
     start = three_step_max or max(answers, default=1)
-    truth = fit_truth(case, budget, known, start)
+    truth = fit_truth(case, budget, known, start, confirmations)
     summarise(results, truth["fit_max"], three_step_max)
     return {
         "spec": case.spec,
@@ -529,7 +541,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--quick",
         action="store_true",
-        help="MobileNetV2 at 96x96 under 500 MiB, without Accelerate or the 3-step max",
+        help="MobileNetV2 at 96x96 under 500 MiB, without Accelerate, the 3-step max or "
+        "the 20-step max's second run",
     )
     parser.add_argument(
         "--models", nargs="+", choices=sorted({**CASES, **QUICK_CASES}), help="models to run"
@@ -558,7 +571,8 @@ def main(argv: list[str] | None = None) -> int:
         "machine": describe("CPU BFC capped at the budget, oneDNN off (memfit emulation)"),
     }
     for name in names:
-        report["models"][name] = bench_case(name, cases[name], methods, three_step)
+        confirmations = 1 if args.quick else CONFIRMATIONS
+        report["models"][name] = bench_case(name, cases[name], methods, three_step, confirmations)
         report["seconds"] = time.perf_counter() - started
         if args.out:  # after each model, so a long run keeps what it has measured
             with open(args.out, "w") as handle:
