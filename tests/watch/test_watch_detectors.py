@@ -328,6 +328,9 @@ def test_oom_causes_batch_growth_budget_first_step_and_the_edge() -> None:
     grown = diagnose_oom(leak, input_shape=[16, 128, 128, 3], batch_size=16, budget_bytes=700 * MIB)
     assert grown.cause == "memory_growth" and "memory in use before the step rose" in grown.text
     assert "keeps memory" in grown.fix
+    # At the memory in use when training began the step fits: no K, no smaller side to offer.
+    assert grown.evidence["largest_batch_size"] >= 16 and "fitting_side" not in grown.evidence
+    assert "micro_batches=" not in grown.fix
 
     budget = diagnose_oom(
         records,

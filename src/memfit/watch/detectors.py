@@ -980,7 +980,7 @@ def diagnose_oom(
             target_batch = 1 if guarded and largest < 1 else batch
             scale = math.sqrt(avail / (per_element * target_batch * elems))
             h, w = (_round_side(d * scale) for d in pixels)
-            if h >= 1 and w >= 1:
+            if 1 <= h < pixels[0] and 1 <= w < pixels[1]:  # a smaller side is the fix
                 sizes["fitting_side"] = [h, w]
                 sizes["fitting_side_batch_size"] = target_batch
     evidence.update(sizes)
@@ -1039,7 +1039,7 @@ def _oom_fix(
     side = sizes.get("fitting_side")
     spare = f"leaving {100 * margin:.0f}% of the budget free"
     if guarded:
-        if k and batch and k <= batch:
+        if k and batch and 1 < k <= batch:
             parts.append(
                 f"nothing is lost: memfit.fit splits these batches; pass micro_batches={k} "
                 f"(micro-batches of {math.ceil(batch / k)}) to start there without the retry "
@@ -1057,7 +1057,7 @@ def _oom_fix(
             )
         if side and batch:
             parts.append(f"images of {side[0]}x{side[1]} fit at batch {batch}")
-        if k and batch:
+        if k and batch and k > 1:
             parts.append(
                 f"or keep batch {batch} with memfit.fit(model, ..., micro_batches={k}) "
                 f"({k} micro-batches of {math.ceil(batch / k)}; it also recovers from an OOM "
