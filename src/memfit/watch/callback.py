@@ -208,6 +208,9 @@ class Watch(keras.callbacks.Callback):
             self._budget_bytes = tfb.device_memory_limit(self._device)
         self._start_budget_bytes = self._budget_bytes
         self._others_at_start = _others_on_gpu(self._device)
+        if self.log_path is not None and self._log is None:
+            # Before the train function is wrapped: a log that cannot be written stops here.
+            self._log = LogWriter(self.log_path, append=self.runs > 0)
         fn = model.train_function
         self._guarded = getattr(fn, "guarded_step", None)
         self._functions = tfb.traced_functions(fn) if self._guarded is None else []
@@ -221,8 +224,6 @@ class Watch(keras.callbacks.Callback):
             model.train_function = timed_train_function(
                 fn, self._on_step, self._on_step_error, self._before_step
             )
-        if self.log_path is not None and self._log is None:
-            self._log = LogWriter(self.log_path, append=self.runs > 0)
         self._write(self._header(model, spe))
         self.runs += 1
         if self.log_dir is not None and self._writer is None:
