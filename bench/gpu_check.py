@@ -276,7 +276,6 @@ def run_side(side: str, card: str, models: dict[str, list[Any]], deadline: float
             env=_env(side),
             timeout=left(),
         ),
-        "batch": lambda: run_batch(side, left()),
         "recovery": lambda: run_in_child(
             "bench.gpu_check:recovery_side",
             {},
@@ -284,6 +283,8 @@ def run_side(side: str, card: str, models: dict[str, list[Any]], deadline: float
             env=_env(side),
             timeout=left(),
         ),
+        # Last: the longest step (a search, then 20 steps of model.fit).
+        "batch": lambda: run_batch(side, left()),
     }
     for name, step in steps.items():
         if time.monotonic() >= deadline:
@@ -342,7 +343,7 @@ def rows(report: dict[str, Any]) -> list[tuple[str, str, str]]:
         def cell(side: dict[str, Any], what: str, name: str = name) -> str:
             row = pick(side, "measure", "models", name) or {}
             if error(side, "measure") or row.get("error"):
-                return str(error(side, "measure") or row["error"])[:40]
+                return str(error(side, "measure") or row["error"])[:60]
             if not row:
                 return "-"
             if what == "peak":
@@ -366,7 +367,7 @@ def rows(report: dict[str, Any]) -> list[tuple[str, str, str]]:
     def batch_cell(side: dict[str, Any]) -> str:
         b = side.get("batch", {})
         if b.get("error"):
-            return str(b["error"])[:40]
+            return str(b["error"])[:60]
         if not b:
             return "-"
         trains = {True: "trains", False: "OOM", None: "not checked"}[b.get("trains")]
@@ -383,7 +384,7 @@ def rows(report: dict[str, Any]) -> list[tuple[str, str, str]]:
     def recovery_cell(side: dict[str, Any]) -> str:
         r = side.get("recovery", {})
         if r.get("error"):
-            return str(r["error"])[:40]
+            return str(r["error"])[:60]
         if not r:
             return "-"
         return (
