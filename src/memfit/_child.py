@@ -226,7 +226,12 @@ def open_estimator(
             gc.collect()
             model = _build_model(spec, shape, precision, remat, classes, safe_mode)
             built[key] = Workload(
-                model, optimizer=optimizer, loss=loss, input_shape=shape, data=dataset
+                model,
+                optimizer=optimizer,
+                loss=loss,
+                input_shape=shape,
+                data=dataset,
+                worst_case=dataset is not None,
             )
         return built[key]
 

@@ -598,6 +598,7 @@ class _Planner:
                 loss=args["loss"],
                 repeats=self.repeats,
                 budget=self.budget,
+                worst_case=args["data"] is not None,
                 micro_batches=candidate.micro_batches,
                 precision=None if candidate.precision == "float32" else candidate.precision,
                 remat=candidate.remat,
@@ -647,6 +648,7 @@ class _Planner:
             candidate.recoveries = list(result["recoveries"])
             if result.get("error"):
                 candidate.recoveries.append(result["error"])
+            candidate.oom = bool(candidate.recoveries)  # memfit.fit recovers from OOMs only
             peak = result.get("peak_bytes")
             if not candidate.recoveries and result["steps_done"] < steps:
                 candidate.recoveries.append(f"trained {result['steps_done']} of {steps} steps")
