@@ -22,6 +22,13 @@ try:
     tf.function(lambda x: tf.reshape(x, (3,)), input_signature=[tf.TensorSpec(None)])(tf.zeros(4))
 except tf.errors.InvalidArgumentError as exc:
     out["graph"] = [_first_line(exc), str(exc)]
+class Anchors(keras.layers.Layer):  # keras-hub's anchor generator on a relaxed shape
+    def call(self, x):
+        raise TypeError("must be real number, not SymbolicTensor")
+try:
+    Anchors()(np.ones((1, 2)))
+except TypeError as exc:
+    out["layer"] = [_first_line(exc), str(exc)]
 emit(out)
 """
 
@@ -35,3 +42,8 @@ def test_plain_fit_errors_are_one_line_without_the_graph_traceback() -> None:
     line, raw = out["graph"]
     assert "\n" not in line and "Detected at node" not in line and 'File "' not in line
     assert "reshape" in line.lower() and len(line) > 20, line
+    line, raw = out["layer"]
+    assert line == (
+        "Exception encountered when calling Anchors.call(): must be real number, "
+        "not SymbolicTensor"
+    ), line

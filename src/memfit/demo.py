@@ -251,6 +251,8 @@ def _first_line(exc: BaseException) -> str:
         lines = [line.strip() for line in text.splitlines() if line.strip()]
         lines = [line for line in lines if line.rstrip(":") != "Graph execution error"]
         text = lines[0] if lines else type(exc).__name__
+        if text.startswith("Exception encountered when calling") and len(lines) > 1:
+            text = f"{text.rstrip('.')}: {lines[1]}"  # Keras' layer name, then the error
     text = re.split(r"Detected at node|\s\[\[\{\{node|\. Hint:", text)[0]
     return " ".join(text.split()).rstrip(" .:")[:240]
 
