@@ -1,4 +1,4 @@
-"""memfit.plan and `memfit plan`: measured candidates, the fastest that fits, clear errors."""
+"""memfit.plan and `memfit plan`: estimated candidates, measured finalists, a confirmed choice."""
 
 from __future__ import annotations
 
@@ -30,8 +30,11 @@ emit({"plan": p.to_dict(), "summary": p.summary(), "fit": h.memfit.to_dict()})
     assert plan["accumulation_steps"] > 1
     assert plan["micro_batch_size"] * plan["accumulation_steps"] >= 64
     first = plan["candidates"][0]
-    assert first["micro_batches"] == 1 and not first["fits"]
+    # K=1 was only estimated (predicted over the limit), never run.
+    assert first["micro_batches"] == 1 and not first["fits"] and first["estimated_only"]
     assert plan["peak_bytes"] <= plan["limit_bytes"]
+    assert plan["confirmed"] and "trained 20 steps of memfit.fit" in plan["confirmation"]
+    assert "Confirmed: trained 20 steps" in result["summary"]
     # memfit.fit trains at the planned K without needing a recovery.
     assert result["fit"]["recoveries"] == []
     assert list(result["fit"]["micro_batches"].values()) == [plan["accumulation_steps"]]
@@ -60,8 +63,12 @@ def test_plan_cli_json_and_a_plain_model_file_plans_k_only(tmp_path) -> None:
     data = json.loads(proc.stdout)
     for key in ("micro_batch_size", "accumulation_steps", "precision", "remat"):
         assert key in data
-    assert {c["precision"] for c in data["candidates"]} == {"float32", "mixed_bfloat16"}
     assert data["accumulation_steps"] == 1  # batch 16 fits 1 GiB unsplit
+    assert data["precision"] == "float32" and data["confirmed"]
+    # mixed_bfloat16 costs more per step on a CPU and cannot need fewer than one
+    # micro-batch: it is not even estimated.
+    assert {c["precision"] for c in data["candidates"]} == {"float32"}
+    assert "Not estimated: 1 configurations (mixed_bfloat16)" in data["note"]
 
 
 def test_plan_bad_input_is_one_line() -> None:
@@ -70,3 +77,54 @@ def test_plan_bad_input_is_one_line() -> None:
     assert proc.stderr.startswith("memfit: error:") and "Traceback" not in proc.stderr
     proc = run_cli("plan", "keras.applications.MobileNetV2")
     assert proc.returncode == 2 and "--batch-size" in proc.stderr
+
+
+@pytest.mark.slow
+def test_a_choice_that_needs_a_recovery_gives_way_to_more_micro_batches(monkeypatch) -> None:
+    # small_cnn at batch 64 under 140 MiB: one unsplit step fits (about 139 MiB), the second
+    # runs out of memory, so only the 20-step confirmation shows that K=1 does not hold.
+    monkeypatch.setenv("PYTHONPATH", TESTS)
+    from memfit.budget import Budget
+    from memfit.plan import _Planner
+
+    budget = Budget.from_size("140MiB")
+    args = dict.fromkeys(("data", "input_shape", "optimizer", "loss", "classes"))
+    planner = _Planner(
+        64,
+        budget,
+        int(budget.usable_bytes * 0.95),
+        child_args={**args, "spec": "factories:small_cnn", "safe_mode": True},
+        repeats=1,
+        on_candidate=None,
+    )
+    chosen, how = planner.confirm_queue([planner.candidate("float32", None, 1)], 20)
+    first = planner.candidates[0]
+    assert first.confirmed is False and first.oom
+    assert "out of memory" in first.recoveries[0]
+    assert chosen is not None and chosen.confirmed and chosen.micro_batches >= 2
+    assert chosen.peak_bytes <= int(budget.usable_bytes * 0.95)
+    assert how.startswith("confirmed: trained 20 steps") and "K=1 float32 did not hold" in how
+
+
+def test_plan_no_confirm_answers_from_a_measured_step_and_says_so() -> None:
+    proc = run_cli(
+        "plan",
+        "factories:small_cnn",
+        "--batch-size",
+        "8",
+        "--memory",
+        "512MiB",
+        "--precision",
+        "float32",
+        "--remat",
+        "none",
+        "--no-confirm",
+        "--json",
+        env={"PYTHONPATH": TESTS},
+    )
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    assert data["confirmed"] is None and data["confirmation"] == ""
+    chosen = data["candidates"][0]
+    assert chosen["measured"] and chosen["confirmed"] is None and not chosen["estimated_only"]
+    assert chosen["predicted_peak_bytes"] and chosen["peak_bytes"] <= data["limit_bytes"]
