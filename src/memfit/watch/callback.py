@@ -283,8 +283,9 @@ class Watch(keras.callbacks.Callback):
                 loss = mean
             self._last_mean = (epoch, batch, mean)
             self._losses[step] = loss
-            found = self._loss_monitor.add(step, loss, epoch, self._lr())
+            found = self._loss_monitor.add(step, loss, epoch)
             if found is not None:
+                found.evidence.update(self._lr())  # read only then: it costs a device read
                 self._report(found)
 
     @_own_time

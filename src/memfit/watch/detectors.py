@@ -671,10 +671,9 @@ class LossMonitor:
         base = median(history[:3]) if n > 3 else history[0]
         previous = history[-self.window - 1 : -1]
         recent = median(previous)
-        spread = robust_spread(previous) if len(previous) >= 5 else 0.0
         found = self._explosion(step, loss, base, recent)
         if found is None:
-            found = self._spike(step, loss, base, recent, spread)
+            found = self._spike(step, loss, base, recent, previous)
         if found is None and n % self.block == 0:
             found = self._increase(step, base)
         if found is None and n >= self.plateau_steps:
@@ -707,15 +706,17 @@ class LossMonitor:
         return None
 
     def _spike(
-        self, step: int, loss: float, base: float, recent: float, spread: float
+        self, step: int, loss: float, base: float, recent: float, previous: list[float]
     ) -> tuple[str, int, str, dict[str, Any]] | None:
         history = self.history
         n = len(history)
         if self._candidate is None:
-            threshold = max(
-                self.spike_factor * recent, recent + self.noise_sigmas * spread, 1.5 * base
-            )
-            if n > 5 and loss > threshold and loss > 1e-6:
+            threshold = max(self.spike_factor * recent, 1.5 * base)
+            if n <= 5 or loss <= threshold or loss <= 1e-6:
+                return None
+            # The spread only for a candidate: it costs two sorts, and most steps are not.
+            threshold = max(threshold, recent + self.noise_sigmas * robust_spread(previous))
+            if loss > threshold:
                 self._candidate = (step, n - 1, loss, recent, threshold)
             return None
         at, index, first, med, threshold = self._candidate

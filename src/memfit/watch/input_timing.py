@@ -26,18 +26,37 @@ from memfit.backend import tf as tfb
 def first_input_shape(data: Any) -> list[int | None] | None:
     """The shape of a batch's first tensor (the first input: images, tokens), as a list.
 
+    Walks the batch as `tf.nest` orders it (sequences in order, dicts by sorted key) without
+    flattening it all: this runs on every step.
+
     Args:
         data: a batch as Keras' iterator yields it (`(x, y)`, `(x, y, w)`, dicts, or
             per-replica values).
     """
-    tf = tfb.import_tf()
-    for leaf in tf.nest.flatten(data):
-        values = getattr(leaf, "values", None)
+    leaf = _first_leaf(data, 0)
+    shape = getattr(leaf, "shape", None) if leaf is not None else None
+    if shape is None:
+        return None
+    return [None if d is None else int(d) for d in shape]
+
+
+def _first_leaf(data: Any, depth: int) -> Any:
+    if depth > 8:
+        return None
+    if isinstance(data, dict):
+        items: Any = (data[key] for key in sorted(data))
+    elif isinstance(data, (tuple, list)):
+        items = data
+    else:
+        values = getattr(data, "values", None)  # per-replica values
         if isinstance(values, tuple) and values:
-            leaf = values[0]
-        shape = getattr(leaf, "shape", None)
-        if shape is not None and len(shape):
-            return [None if d is None else int(d) for d in shape]
+            data = values[0]
+        shape = getattr(data, "shape", None)
+        return data if shape is not None and len(shape) else None
+    for item in items:
+        leaf = _first_leaf(item, depth + 1)
+        if leaf is not None:
+            return leaf
     return None
 
 
