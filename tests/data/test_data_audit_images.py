@@ -70,3 +70,40 @@ def test_a_map_that_doubles_the_side_is_flagged_with_its_memory(files):
     assert memory["stored_peak_bytes"] < memory["produced_peak_bytes"]
     assert memory["produced_peak_bytes"] <= 4.2 * memory["stored_peak_bytes"]
     assert "+" in finding.message and "peaks at" in finding.message
+
+
+PIPELINE_MODULE = '''
+import glob, os
+import tensorflow as tf
+
+def doubled():
+    files = sorted(glob.glob(os.environ["ENLARGE_FILES"]))
+    def load(record):
+        parsed = tf.io.parse_single_example(
+            record, {"image/encoded": tf.io.FixedLenFeature([], tf.string)})
+        image = tf.cast(tf.io.decode_jpeg(parsed["image/encoded"], channels=3), tf.float32)
+        return tf.image.resize(image, tf.shape(image)[:2] * 2), tf.constant(1.0)
+    return (tf.data.TFRecordDataset(files, num_parallel_reads=tf.data.AUTOTUNE)
+            .map(load, num_parallel_calls=tf.data.AUTOTUNE).cache().batch(4)
+            .prefetch(tf.data.AUTOTUNE))
+'''
+
+
+def test_cli_lists_shapes_and_flags_the_enlarging_map(files, tmp_path):
+    import json
+    import os
+
+    from helpers import run_cli
+
+    (tmp_path / "enlarge_pipeline.py").write_text(PIPELINE_MODULE)
+    env = {
+        "PYTHONPATH": str(tmp_path),
+        "ENLARGE_FILES": os.path.join(os.path.dirname(files[0]), "*.tfrecord"),
+    }
+    proc = run_cli("data", "audit", "enlarge_pipeline:doubled", "--steps", "2", env=env)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "Images: the pipeline yields 4x128x128x3; stored: 64x64 (16)" in proc.stdout
+    assert "map_enlarges_images" in proc.stdout
+    args = ("data", "audit", "enlarge_pipeline:doubled", "--steps", "2", "--json")
+    data = json.loads(run_cli(*args, env=env).stdout)
+    assert data["element_shapes"] == [[4, 128, 128, 3]] and data["stored_sizes"] == {"64x64": 16}
