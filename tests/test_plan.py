@@ -68,7 +68,7 @@ def test_plan_cli_json_and_a_plain_model_file_plans_k_only(tmp_path) -> None:
     # mixed_bfloat16 costs more per step on a CPU and cannot need fewer than one
     # micro-batch: it is not even estimated.
     assert {c["precision"] for c in data["candidates"]} == {"float32"}
-    assert "Not estimated: 1 configurations (mixed_bfloat16)" in data["note"]
+    assert "Not estimated: 1 configuration (mixed_bfloat16)" in data["note"]
 
 
 def test_plan_bad_input_is_one_line() -> None:

@@ -357,7 +357,7 @@ def plan(
         fits=chosen is not None,
         note=". ".join(notes),
         seconds=time.perf_counter() - started,
-        confirmed=(chosen is not None) if confirm else None,
+        confirmed=True if chosen is not None and confirm else False if how else None,
         confirmation=how,
     )
     return result
@@ -437,6 +437,8 @@ class _Planner:
             larger = [k for k in self.ks if k > candidate.micro_batches]
             if larger:
                 queue.insert(0, self.candidate(candidate.precision, candidate.remat, larger[0]))
+        if not failed:
+            return None, ""  # nothing fitted to confirm
         return None, (
             f"no configuration trained {steps} steps of memfit.fit without a recovery: "
             + "; ".join(failed)
@@ -573,13 +575,19 @@ class _Planner:
 
     def last_resort(self) -> list[Candidate]:
         """Nothing was predicted to fit: measure one sample per micro-batch of the
-        configuration predicted lowest (estimates can be high), in case it fits."""
+        configuration predicted lowest (estimates can be high), and fewer K while it fits."""
         estimated = [c for c in self.candidates if c.predicted_peak_bytes is not None]
         if not estimated:
             return []
         lowest = min(estimated, key=lambda c: c.predicted_peak_bytes or math.inf)
-        candidate = self.measure(self.candidate(lowest.precision, lowest.remat, self.ks[-1]))
-        return [candidate] if candidate.fits else []
+        found = _smallest_fitting_k(
+            lambda p, r, k: self.measure(self.candidate(p, r, k)),
+            lowest.precision,
+            lowest.remat,
+            self.batch_size,
+            self.batch_size,
+        )
+        return [found] if found is not None else []
 
     def measure(self, candidate: Candidate) -> Candidate:
         """One candidate's step (`memfit.fit`'s, at its K), measured in a fresh child."""
@@ -695,11 +703,16 @@ class _Planner:
     def skipped_note(self) -> str:
         if not self.skipped:
             return ""
-        precisions = sorted({p for p, _ in self.skipped})
+        precisions = sorted({p for p, _ in self.skipped} - {"float32"})
         modes = sorted({r for _, r in self.skipped if r})
-        names = ", ".join(precisions) + (f"; remat {', '.join(modes)}" if modes else "")
+        names = " and ".join(
+            part
+            for part in (", ".join(precisions), f"remat {', '.join(modes)}" if modes else "")
+            if part
+        )
         return (
-            f"Not estimated: {len(self.skipped)} configurations ({names}): more time per step "
+            f"Not estimated: {len(self.skipped)} configuration"
+            f"{'s' if len(self.skipped) > 1 else ''} ({names}): more time per step "
             f"on this {self.device}, and none can need fewer micro-batches than the one found"
         )
 
