@@ -128,3 +128,32 @@ def test_plan_no_confirm_answers_from_a_measured_step_and_says_so() -> None:
     chosen = data["candidates"][0]
     assert chosen["measured"] and chosen["confirmed"] is None and not chosen["estimated_only"]
     assert chosen["predicted_peak_bytes"] and chosen["peak_bytes"] <= data["limit_bytes"]
+
+
+@pytest.mark.slow
+def test_plan_measures_only_the_finalists_and_confirms_the_fastest() -> None:
+    proc = run_cli(
+        "plan",
+        "factories:small_cnn",
+        "--batch-size",
+        "64",
+        "--memory",
+        "150MiB",
+        "--json",
+        env={"PYTHONPATH": TESTS},
+    )
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    by_config = {(c["precision"], c["remat"], c["micro_batches"]): c for c in data["candidates"]}
+    # float32 needs 2 micro-batches; mixed_float16 fits unsplit, so it is a finalist too.
+    # Recompute at K=1 is predicted over the limit; nothing else is even estimated.
+    measured = {key for key, c in by_config.items() if c["measured"]}
+    assert measured == {("float32", None, 2), ("mixed_float16", None, 1)}
+    assert by_config[("float32", None, 1)]["estimated_only"]
+    assert all(c["predicted_peak_bytes"] for c in data["candidates"])
+    assert ("mixed_bfloat16", None, 1) not in by_config and "mixed_bfloat16" in data["note"]
+    # On a CPU float32 is the faster of the two; it is the one confirmed.
+    chosen = by_config[(data["precision"], data["remat"], data["accumulation_steps"])]
+    assert (data["precision"], data["accumulation_steps"]) == ("float32", 2)
+    assert chosen["confirmed"] and data["confirmed"]
+    assert by_config[("mixed_float16", None, 1)]["confirmed"] is None
