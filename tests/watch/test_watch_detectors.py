@@ -352,8 +352,7 @@ def test_oom_causes_batch_growth_budget_first_step_and_the_edge() -> None:
 
 
 def test_detectors_do_not_import_tensorflow() -> None:
-    assert "tensorflow" not in sys.modules or "memfit.watch.callback" in sys.modules
-    import subprocess
+    import subprocess  # a fresh interpreter: other tests import TensorFlow in this one
 
     code = (
         "import sys; import memfit.watch.detectors, memfit.watch.log, memfit.report; "
