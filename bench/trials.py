@@ -55,7 +55,9 @@ def fit_steps(
 
     The check every method's answer gets in the batch benchmark: build the model, make one
     batch as the search's trials do, then `model.fit` on a dataset of that batch repeated
-    `steps` times, one epoch, as a user would train. Run it in a fresh process under the
+    `steps` times, one epoch, as a user would train: its batch dimension undefined, as a
+    pipeline's `batch` (or `model.fit` on arrays) leaves it (`Workload.fit_dataset`; a
+    dataset of one fixed size traces another step). Run it in a fresh process under the
     emulated budget (`ChildTrials(..., function=FIT_STEPS)`).
 
     Args:
@@ -79,13 +81,12 @@ def fit_steps(
     from memfit.models import _call_factory, load_model
     from memfit.workload import Workload
 
-    tf = tfb.import_tf()
     model = load_model(spec, input_shape=tuple(input_shape) if input_shape else None)
     dataset = _call_factory(data) if data else None
     workload = Workload(model, input_shape=input_shape, data=dataset)
     try:
         x, y = workload.batch(batch_size)
-        batches = tf.data.Dataset.from_tensors((x, y)).repeat(steps)
+        batches = workload.fit_dataset((x, y)).take(steps)
         start = time.perf_counter()
         history = workload.model.fit(batches, epochs=1, verbose=0)
         seconds = time.perf_counter() - start

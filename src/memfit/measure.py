@@ -143,7 +143,8 @@ def measure(
         repeats: measured steps after the warm-up (at least 1).
         device: device to measure (default `GPU:0` when present, else `CPU:0`).
         budget: in-process: the budget to compare against (default: the emulated one).
-            Isolated: the budget to emulate in the child process.
+            Isolated: the budget to emulate in the child process (default: the one this
+            process emulates).
         isolated: measure in a fresh child process, for devices where an OOM leaves the process
             unusable, or when this process cannot measure (TensorFlow already initialised).
         worst_case: with `data`, build the batch from the dataset's largest samples.
@@ -177,7 +178,7 @@ def measure(
             optimizer=optimizer,
             loss=loss,
             repeats=repeats,
-            budget=as_budget(budget),
+            budget=as_budget(budget) or emulated_budget(),
             worst_case=worst_case,
             micro_batches=micro_batches,
         )
@@ -226,6 +227,7 @@ def measure_workload(
     restore: bool = True,
     warm_up: bool = True,
     warm_up_batch: int | None = None,
+    step_kind: str | None = None,
 ) -> Measurement:
     """Measure a prepared Workload (see `measure`); reuses its ranked samples and traces.
 
@@ -238,6 +240,12 @@ def measure_workload(
     size's first step peaks as high as its second. `warm_up_batch` (with `exact=False`) runs
     the warm-up step at that smaller size instead: the graph's optimisation without a full
     step's compute, after which the size's first step peaks as high as its second too.
+
+    The step is the one training runs. `step_kind="fit"` (the default at one micro-batch):
+    Keras' own train function, the one `model.fit` builds, fed the batch through a `tf.data`
+    iterator as `model.fit` feeds a dataset (`Workload.fit_step`). `"memfit"` (the default
+    at several): the step `memfit.fit` runs at `micro_batches` — gradients accumulated over
+    the micro-batches, then one update.
     """
     tf = tfb.import_tf()
     model = workload.model
@@ -258,7 +266,10 @@ def measure_workload(
         step_seconds=None,
         budget=budget,
     )
-    if micro_batches > 1:
+    step_kind = step_kind or ("memfit" if micro_batches > 1 else "fit")
+    if step_kind not in ("fit", "memfit"):
+        raise ValueError(f"step_kind must be 'fit' or 'memfit', got {step_kind!r}")
+    if step_kind == "memfit":
         from memfit.accumulate import AccumulatingStep
 
         accumulating = AccumulatingStep(model)
@@ -267,7 +278,7 @@ def measure_workload(
             accumulating.apply(accumulating.gradients(data, micro_batches))
             return accumulating.results()
     else:
-        step = None  # traced below, once the batch exists
+        step = workload.fit_step(exact=exact)  # traced on its first step
     times: list[float] = []
     try:
         with tf.device(device):
@@ -291,11 +302,6 @@ def measure_workload(
             x, y = workload.batch(int(batch_size))
             result.input_shapes = [list(t.shape[1:]) for t in tf.nest.flatten(x)]
             data = (x, y)
-            if step is None:
-                progress(f"batch {batch_size}: tracing the step")
-                started = time.perf_counter()
-                step = workload.train_function(data, exact=exact)
-                result.trace_seconds = time.perf_counter() - started
             warm_data = data
             if warm_up and not exact and warm_up_batch and warm_up_batch < batch_size:
                 warm_data = workload.batch(int(warm_up_batch))
@@ -330,6 +336,7 @@ def measure_workload(
     finally:
         if saved is not None:
             _restore(state, saved)
+        workload.release_fit_step()
         del saved, step
         gc.collect()
     if not result.oom:

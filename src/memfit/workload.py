@@ -58,8 +58,7 @@ class Workload:
         self.data = data
         self.worst_case = worst_case
         self._ranked: list[int] | None = None
-        self._relaxed_function: Any = None
-        self._relaxed: set[str] = set()
+        self._keras_relaxed: Any = None
         self.input_shape = _normalise_shapes(input_shape)
         self._ensure_built()
         self._ensure_compiled(optimizer, loss)
@@ -285,47 +284,88 @@ class Workload:
             "target_shapes": [list(t.shape) for t in tf.nest.flatten(sample[1])],
         }
 
-    def train_function(self, data: Any = None, exact: bool = True) -> Any:
-        """The model's `train_step` as a `tf.function`, kept across measurements.
+    def fit_dataset(self, data: Any) -> Any:
+        """A `tf.data.Dataset` that yields the batch `data` again and again, as `model.fit`'s
+        input does: with the batch dimension undefined in its element spec.
 
-        `exact=True`: a new function, traced for the batch shape as it is — the graph
-        `memfit.fit` runs.
-        `exact=False`: traced once, for `data`'s shapes with the batch dimension left
-        undefined, and reused for every batch size. That saves a trace per size (seconds to
-        minutes), but such a graph peaks a few percent above an exact one (3-5% for
-        MobileNetV2 at batch 16-32, measured): good for calibrating a search, too coarse to
-        decide the last batch size.
+        `model.fit` on arrays, or on a dataset batched without `drop_remainder`, traces its
+        train function for batches of any size; a graph traced for one fixed size is
+        optimised differently and peaks elsewhere. No copy is made: each element is `data`
+        itself, its static batch size hidden.
         """
         tf = tfb.import_tf()
-        jit = bool(getattr(self.model, "jit_compile", False))
-        if exact:
-            # Not kept: a function holds buffers of its last run (tens of MiB for
-            # MobileNetV2), which would count as leaked until the Workload goes.
-            return tf.function(self.model.train_step, jit_compile=jit)
-        if self._relaxed_function is None:
-            self._relaxed_function = tf.function(
-                self.model.train_step, reduce_retracing=True, jit_compile=jit
+
+        def relax(*tensors: Any) -> Any:
+            return tf.nest.map_structure(
+                lambda t: tf.compat.v1.placeholder_with_default(t, [None, *t.shape[1:]]),
+                tensors,
             )
-        if data is not None:
-            relaxed = tf.nest.map_structure(
-                lambda t: tf.TensorSpec([None, *t.shape[1:]], t.dtype), data
-            )
-            key = repr(relaxed)
-            if key not in self._relaxed:
-                self._relaxed_function.get_concrete_function(relaxed)
-                self._relaxed.add(key)
-        return self._relaxed_function
+
+        return tf.data.Dataset.from_tensors(data).repeat().map(relax)
+
+    def fit_step(self, exact: bool = True) -> Any:
+        """One training step as `model.fit` runs it: `step(data)` runs Keras' train function.
+
+        The function is the one `model.fit` builds (`model.make_train_function`: the iterator
+        read inside the step, Keras' relaxed retracing, its XLA setting), fed `data` through
+        a distributed iterator over `fit_dataset(data)`, as `model.fit` feeds a dataset.
+        `exact=True` makes a new train function (traced on its first step); `exact=False`
+        reuses one across calls and batch sizes, as a process that trains several sizes
+        does. Call `release_fit_step()` afterwards to give the model back its own train
+        function.
+        """
+        model = self.model
+        if not hasattr(self, "_user_train_function"):
+            self._user_train_function = model.train_function
+        if exact or self._keras_relaxed is None:
+            model.train_function = None
+            model.make_train_function(force=True)
+            function = model.train_function
+            if not exact:
+                self._keras_relaxed = function
+        else:
+            function = self._keras_relaxed
+        model.train_function = function
+        iterators: dict[int, Any] = {}
+
+        def step(data: Any) -> Any:
+            key = id(data)
+            if key not in iterators:
+                dataset = self.fit_dataset(data)
+                distributed = model.distribute_strategy.experimental_distribute_dataset(dataset)
+                iterators[key] = iter(distributed)
+            return function(iterators[key])
+
+        return step
+
+    def release_fit_step(self) -> None:
+        """Give the model back the train function it had before `fit_step`."""
+        if hasattr(self, "_user_train_function"):
+            self.model.train_function = self._user_train_function
+            del self._user_train_function
 
     def warm_relaxed(self) -> None:
-        """Trace the shared relaxed step now (Python only: nothing runs, nothing is allocated).
+        """Trace the shared train function now (Python only: nothing runs or is allocated).
 
-        A later `train_function(exact=False)` step then pays only TensorFlow's optimisation
-        of the graph (on the function's first run) and the step itself; the allocator is
-        left as fresh as it was.
+        A later `fit_step(exact=False)` step then pays only TensorFlow's optimisation of the
+        graph (on the function's first run) and the step itself; the allocator is left as
+        fresh as it was. The trace is for any batch size (the batch dimension is undefined,
+        as in `model.fit`), so one trace serves every size.
         """
         x, y = self.batch(1)
-        self.train_function((x, y), exact=False)
-        del x, y
+        data = (x, y)
+        self.fit_step(exact=False)
+        try:
+            dataset = self.fit_dataset(data)
+            iterator = iter(self.model.distribute_strategy.experimental_distribute_dataset(dataset))
+            # The function that reads the iterator (Keras' `multi_step_on_iterator`); tracing
+            # it traces the step inside. The step's own function takes a batch, not this.
+            for function in tfb.traced_functions(self._keras_relaxed):
+                if getattr(function, "__name__", "") == "multi_step_on_iterator":
+                    function.get_concrete_function(iterator)
+        finally:
+            self.release_fit_step()
+        del x, y, data
 
     def state_variables(self) -> list[Any]:
         """Every variable a training step can change: weights, optimizer, metrics, RNG."""
