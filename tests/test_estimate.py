@@ -86,9 +86,10 @@ def test_doubling_the_batch_doubles_activations_not_weights(results):
     # Batches 16 and 32: below them the Conv2D backprop im2col scratch (sized by a fixed 30 MiB
     # working set, not by the batch) dominates and the peak can move to another layer.
     b16, b32 = results["e16"]["breakdown"], results["e32"]["breakdown"]
-    # The same layer's kernel (each trace numbers its name scopes anew).
-    for key in ("layer", "op_type"):
-        assert results["e16"]["peak_moment"][key] == results["e32"]["peak_moment"][key]
+    # The same layer (each trace numbers its name scopes anew); under one region the peak can
+    # fall on either of its backprop kernels (filter or input), which run side by side.
+    assert results["e16"]["peak_moment"]["layer"] == results["e32"]["peak_moment"]["layer"]
+    assert results["e32"]["peak_moment"]["op_type"].startswith("Conv2DBackprop")
     assert 1.7 <= b32["activations_bytes"] / b16["activations_bytes"] <= 2.3
     assert b32["weights_bytes"] == b16["weights_bytes"]
     assert b32["optimizer_slots_bytes"] == b16["optimizer_slots_bytes"]

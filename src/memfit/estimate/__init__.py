@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from memfit.backend import tf as tfb
-from memfit.budget import Budget, as_budget, emulated_budget
+from memfit.budget import Budget, as_budget, emulated_budget, emulated_memory_growth
 from memfit.errors import WorkloadError
 from memfit.estimate.simulate import Replay, replay
 from memfit.sizes import format_size
@@ -119,7 +119,12 @@ def _summarise(result: Replay) -> tuple[dict[str, int], list[dict[str, Any]]]:
 
 
 def estimate_workload(workload: Workload, batch_size: int) -> Estimate:
-    """Estimate a prepared Workload's step at `batch_size` (see `estimate`)."""
+    """Estimate a prepared Workload's step at `batch_size` (see `estimate`).
+
+    The replay's allocator follows this process's emulation: one region of the budget (a
+    card with memory growth off, the default), or regions that grow (`--memory-growth`, or
+    no emulation).
+    """
     import time
 
     from memfit.backend import tf_graph
@@ -131,7 +136,9 @@ def estimate_workload(workload: Workload, batch_size: int) -> Estimate:
     started = time.perf_counter()
     graph = tf_graph.trace_step(workload, int(batch_size))
     traced = time.perf_counter() - started
-    result = replay(graph)
+    emulated = emulated_budget()
+    region = None if emulated is None or emulated_memory_growth() else emulated.usable_bytes
+    result = replay(graph, region_bytes=region)
     breakdown, per_layer = _summarise(result)
     return Estimate(
         batch_size=int(batch_size),

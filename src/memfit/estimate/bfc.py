@@ -7,6 +7,11 @@ in bins by power-of-two size (256 B << i) and a request takes the smallest free 
 at least 128 MiB — otherwise the whole chunk is handed out and counted as in use; freed chunks
 merge with free neighbours of the same region; when nothing fits, a new region is added whose
 size starts at 2 MiB and doubles. "In use" (what `get_memory_info` reports) sums chunk sizes.
+
+Given `region_bytes` (an emulated card with memory growth off, see `memfit.emulate`) the
+regions are the ones such a process has: the 2 MiB TensorFlow's start-up takes, and one
+spanning the rest of the budget; only a request that fits in neither grows a region beyond
+it (a real run would have run out of memory there; the replay goes on to say by how much).
 """
 
 from __future__ import annotations
@@ -51,13 +56,16 @@ class BFC:
         1024
     """
 
-    def __init__(self) -> None:
+    def __init__(self, region_bytes: int | None = None) -> None:
         self.bins: list[list[tuple[int, int]]] = [[] for _ in range(BINS)]
         self.chunks: dict[int, _Chunk] = {}
         self.next_region_bytes = INITIAL_REGION
         self.regions = 0
         self.in_use = 0
         self.peak = 0
+        if region_bytes is not None and region_bytes > 2 * INITIAL_REGION:
+            self._extend(INITIAL_REGION)
+            self._add_region(region_bytes - INITIAL_REGION)
 
     def _insert(self, chunk: _Chunk) -> None:
         bisect.insort(self.bins[_bin(chunk.size)], (chunk.size, chunk.address))
@@ -74,6 +82,9 @@ class BFC:
         region_bytes = self.next_region_bytes
         if not grew:
             self.next_region_bytes *= 2
+        self._add_region(region_bytes)
+
+    def _add_region(self, region_bytes: int) -> None:
         self.regions += 1
         # Where the region lies decides ties between free chunks of one size (the lower
         # address wins). The CPU allocator's regions come from `posix_memalign`: glibc serves

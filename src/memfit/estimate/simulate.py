@@ -102,25 +102,28 @@ def phase_of(name: str, op_type: str, optimizer_name: str) -> str:
     return "forward"
 
 
-def replay(graph: Any, warmup: bool = True, steps: int = STEPS) -> Replay:
+def replay(
+    graph: Any, warmup: bool = True, steps: int = STEPS, region_bytes: int | None = None
+) -> Replay:
     """Replay `graph` (a `memfit.backend.tf_graph.StepGraph`) and find its peak.
 
     As a measuring process gets there: each variable is made as Keras makes it (see
     `_replay_once`), then the batch; one warm-up step settles the allocator's free chunks,
     and the highest peak of the next `steps` steps is the step's peak (`memfit.measure`
     reports the highest of its repeats). `step_peak_bytes` is that peak less what was in
-    use before the steps.
+    use before the steps. `region_bytes`: the allocator holds that budget as one region from
+    the start (an emulated card, a GPU with memory growth off); None: it grows in regions.
 
     Known limit: with one inter-op thread the executor's order is fixed when a process
     instantiates the step but not the same in every process (an op with more than four
     out-edges meets its consumers in address order): VGG16 96 px batch 2 Adam measured
     771, 900 and 1017 MiB in three processes; the replay plays grappler's node order.
     """
-    return _replay_once(graph, warmup, steps)
+    return _replay_once(graph, warmup, steps, region_bytes)
 
 
-def _replay_once(graph: Any, warmup: bool, steps: int) -> Replay:
-    bfc = BFC()
+def _replay_once(graph: Any, warmup: bool, steps: int, region_bytes: int | None) -> Replay:
+    bfc = BFC(region_bytes)
     resident: list[Live] = []
     variables: dict[str, int] = {}
     temps = getattr(graph, "variable_temps", None) or {}
