@@ -149,3 +149,30 @@ def test_doctor_shows_the_emulation_mode():
 
     assert json.loads(one.stdout)["emulated_memory_growth"] is False
     assert json.loads(grows.stdout)["emulated_memory_growth"] is True
+
+
+def test_a_child_process_that_inherits_the_emulation_sets_up_its_own_region():
+    # A process started from an emulating one inherits its environment (the budget, the
+    # allocator's limit); it must still reserve its own one region, not take the inherited
+    # variables for an emulation already applied (that child's allocator grew in regions, and
+    # a size confirmed by memfit ran out of memory there).
+    result = run_isolated(
+        """
+        import subprocess, sys
+        import memfit                                 # emulates MEMFIT_MEMORY, sets variables
+        child = "\\n".join([
+            "import memfit, tensorflow as tf",
+            "first = tf.raw_ops.Empty(shape=[100, 1 << 20], dtype=tf.uint8, init=False)",
+            "del first",
+            "try:",
+            "    second = tf.raw_ops.Empty(shape=[200, 1 << 20], dtype=tf.uint8, init=False)",
+            "    print('allocated')",
+            "except tf.errors.ResourceExhaustedError:",
+            "    print('oom')",
+        ])
+        proc = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True)
+        emit(proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else proc.stderr[-500:])
+        """,
+        env={"MEMFIT_MEMORY": "256MiB"},
+    )
+    assert result == "allocated"

@@ -137,6 +137,7 @@ def open_measurer(
         restore: bool = True,
         warm_up: bool = True,
         warm_up_batch: int | None = None,
+        continuous: bool = False,
     ) -> dict[str, Any]:
         _check_batch_size(batch_size)
         tfb.require_memory_stats(device)
@@ -152,6 +153,7 @@ def open_measurer(
                 restore=restore,
                 warm_up=warm_up,
                 warm_up_batch=warm_up_batch,
+                continuous=continuous,
             ).to_dict()
 
     return measure

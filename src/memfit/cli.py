@@ -16,6 +16,7 @@ from rich.table import Table
 from memfit.budget import Budget, resolve_budget
 from memfit.errors import MemfitError
 from memfit.models import MODEL_FORMS, check_model_spec
+from memfit.search import DEFAULT_SOAK_STEPS
 from memfit.sizes import format_size
 
 # Piped output (logs, CI, tests) gets a wide table instead of rich's 80-column default.
@@ -388,11 +389,11 @@ def _margin(_ctx: click.Context, _param: click.Parameter, value: float) -> float
 @click.option(
     "--soak-steps",
     type=click.IntRange(min=0),
-    default=8,
+    default=DEFAULT_SOAK_STEPS,
     show_default=True,
-    help="Training steps the size found must hold for, from a fresh start, before it is the "
-    "answer (a step's peak rises over the first steps of training); 0 answers from the "
-    "search's one-step trials.",
+    help="Steps of model.fit's train function the size found must train, in a fresh "
+    "process, before it is the answer (a step's peak rises over the first steps of "
+    "training); 0 answers from the search's one-step trials, unconfirmed.",
 )
 @click.option(
     "--in-process",

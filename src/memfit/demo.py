@@ -277,9 +277,14 @@ class Demo:
             "TF_NUM_INTRAOP_THREADS": "2",
             "TF_NUM_INTEROP_THREADS": "2",
         }
-        self.env = {**os.environ, **self.child_env, "TF_CPP_MIN_LOG_LEVEL": "2"}
-        self.env.pop("MEMFIT_MEMORY", None)
-        self.env.pop("MEMFIT_DEVICE", None)
+        # Each command starts as a user's would: no emulation inherited from this process
+        # (its budget, allocator limit and mode); a command that emulates says so itself.
+        self.env = {
+            key: value
+            for key, value in os.environ.items()
+            if not key.startswith(("MEMFIT_", "TF_CPU_BFC", "TF_CPU_ALLOCATOR"))
+        }
+        self.env.update(self.child_env, TF_CPP_MIN_LOG_LEVEL="2")
 
     # helpers
     def memfit(self, *args: str, timeout: float = 900) -> tuple[int, Any, str]:

@@ -21,6 +21,9 @@ from memfit.errors import BackendMissingError, EmulationError, MemfitError
 ENV_MEMORY = "MEMFIT_MEMORY"
 ENV_DEVICE = "MEMFIT_DEVICE"
 MIB = 1024 * 1024
+# What `emulate` applied in this process: (limit, memory_growth). The environment alone does not
+# say, since a child process inherits its parent's (and must still set up its own allocator).
+_applied: tuple[int, bool] | None = None
 
 
 def emulate(
@@ -68,6 +71,7 @@ def emulate(
         model = build_model()           # training now raises OOM beyond 2 GiB
         ```
     """
+    global _applied
     if (memory is None) == (device is None):
         raise MemfitError("memfit.emulate() needs either a memory size or device=CARD_NAME")
     wanted = resolve_budget(memory=memory, device=device)
@@ -77,11 +81,7 @@ def emulate(
         raise EmulationError(f"an emulated budget must be at least 1 MiB, got {wanted.name}")
 
     current = emulated_budget()
-    if (
-        current is not None
-        and current.usable_bytes == limit
-        and emulated_memory_growth() == memory_growth
-    ):
+    if _applied == (limit, memory_growth) and current is not None:
         return current
     if tfb.is_initialized():
         call = (
@@ -135,6 +135,7 @@ def emulate(
     os.environ[ENV_EMULATED_NAME] = wanted.name
     os.environ[ENV_EMULATED_ON] = on
     os.environ[ENV_MEMORY_GROWTH] = "1" if memory_growth else "0"
+    _applied = (limit, memory_growth)
     budget = emulated_budget()
     assert budget is not None
     return budget

@@ -228,6 +228,7 @@ def measure_workload(
     warm_up: bool = True,
     warm_up_batch: int | None = None,
     step_kind: str | None = None,
+    continuous: bool = False,
 ) -> Measurement:
     """Measure a prepared Workload (see `measure`); reuses its ranked samples and traces.
 
@@ -246,6 +247,12 @@ def measure_workload(
     iterator as `model.fit` feeds a dataset (`Workload.fit_step`). `"memfit"` (the default
     at several): the step `memfit.fit` runs at `micro_batches` — gradients accumulated over
     the micro-batches, then one update.
+
+    `continuous=True` runs the measured steps back to back, as `model.fit` runs them with no
+    callback reading each step's results, and reads one peak over them all (`peaks_bytes`
+    has that one value): there one step's memory can still be held when the next starts.
+    MobileNetV2 64 px, batch 36, 20 steps of `model.fit` (one thread each pool): 254 MiB
+    back to back, 236 MiB with a callback reading the allocator after every step.
     """
     tf = tfb.import_tf()
     model = workload.model
@@ -311,11 +318,16 @@ def measure_workload(
                     if index == 0
                     else f"batch {batch_size}: step {index}/{repeats}"
                 )
-                tfb.reset_peak(device)
-                start = time.perf_counter()
+                last = index == repeats
+                if not continuous or index <= 1:
+                    tfb.reset_peak(device)
+                    start = time.perf_counter()
                 try:
                     logs = step(warm_data if index == 0 else data)
-                    tf.nest.map_structure(lambda t: t.numpy() if hasattr(t, "numpy") else t, logs)
+                    if not continuous or index == 0 or last:
+                        tf.nest.map_structure(
+                            lambda t: t.numpy() if hasattr(t, "numpy") else t, logs
+                        )
                     del logs
                 except tf.errors.ResourceExhaustedError as exc:
                     result.oom = True
@@ -324,13 +336,16 @@ def measure_workload(
                     result.peak_bytes = max([info["peak"], *result.peaks_bytes])
                     del exc
                     break
+                if continuous and index > 0 and not last:
+                    continue
                 elapsed = time.perf_counter() - start
                 peak = tfb.memory_info(device)["peak"]  # type: ignore[index]
                 if index == 0:
                     if result.trace_seconds is None:
                         result.trace_seconds = elapsed
                     continue
-                times.append(elapsed)
+                # Back to back, the time and the peak are over all the measured steps.
+                times.append(elapsed / (repeats if continuous else 1))
                 result.peaks_bytes.append(peak)
             del data, warm_data, x, y
     finally:

@@ -31,12 +31,14 @@ CALIBRATION_GROWTH = 3
 # and one short of the largest predicted to fit (a prediction can overshoot: an OOM costs a
 # trial in a fresh process).
 NEAR_STEP = 0.125
-# Steps the size found trains before it is the answer (a soak): near the limit a step's peak
-# rises over the first steps of training as the allocator's free chunks split up (BFC hands a
-# request a whole free chunk up to twice its size), so a size that ran two steps can run out
-# of memory a few steps later (MobileNetV2 224 px under 2.3 GiB: 35 ran 3 steps and ran out at
-# the 4th, 33 at the 6th).
-DEFAULT_SOAK_STEPS = 8
+# Steps the size found trains before it is the answer (a soak, the step `model.fit` runs, in a
+# fresh process): near the limit a step's peak rises over the first steps of training as the
+# allocator's free chunks split up (BFC hands a request a whole free chunk up to twice its
+# size), so a size that ran two steps can run out of memory a few steps later (MobileNetV2
+# 224 px under 2.3 GiB: 35 ran 3 steps and ran out at the 4th, 33 at the 6th). Under one
+# region the rise went on past 15 steps (MobileNetV2 160 px, batch 32, 20 steps of
+# `model.fit`: 1009 MiB at the first, 1042-1062 at steps 2-6, 1088-1107 at steps 13-18).
+DEFAULT_SOAK_STEPS = 20
 # An in-process search with a dataset hands its largest samples, at most this many, to the
 # child process that measures.
 CHILD_SAMPLES = 512
@@ -88,6 +90,21 @@ class BatchSearchResult:
         soak_steps: measured steps the answer trained before it was given (0: not soaked).
     """
 
+    @property
+    def confirmed_by(self) -> str:
+        """How the answer was checked before it was given, for people and JSON."""
+        if not self.fits:
+            return "nothing fits"
+        if self.soak_steps:
+            return (
+                f"trained {self.soak_steps} steps of model.fit's train function in a fresh "
+                f"process under {format_size(self.limit_bytes)} (the budget less the "
+                f"{self.margin:.0%} margin), after a warm-up step, peak "
+                f"{format_size(self.peak_bytes)}"
+            )
+        return "not confirmed: answered from the search's one-step trials (soak steps 0)"
+
+
     batch_size: int
     margin: float
     peak_bytes: int | None
@@ -130,6 +147,7 @@ class BatchSearchResult:
             "trials": [asdict(t) for t in self.trials],
             "decided_in": self.decided_in,
             "soak_steps": self.soak_steps,
+            "confirmed_by": self.confirmed_by,
             "search_seconds": self.seconds,
         }
 
@@ -149,7 +167,10 @@ class BatchSearchResult:
             f"{len(self.trials)} trials)"
         )
         if self.soak_steps:
-            text += f"; it held for {self.soak_steps} more training steps"
+            text += (
+                f"; confirmed: it trained {self.soak_steps} steps as model.fit runs them, in "
+                f"a fresh process"
+            )
         if self.worst_case_samples:
             text += "; measured on the dataset's largest samples, so it holds for all of them"
         return text
@@ -191,10 +212,13 @@ def find_batch_size(
     what training would); each is one measured step, after a warm-up step in a fresh
     process. A step that runs out of memory is answered as soon as it stalls in TensorFlow's
     allocator retry (`AllocatorStallWatch`), and the next trial runs in a spare child started
-    when the sizes got near the limit. The size found then trains `soak_steps` more steps in
-    a fresh process (a soak): a step's peak rises over the first steps of training, and a
-    size whose soak runs out of memory or past the limit gives way to the next smaller size
-    predicted to hold, soaked in turn.
+    when the sizes got near the limit. Every trial runs the train function `model.fit`
+    builds, fed as `model.fit` feeds a dataset (see `memfit.measure`). The size found then
+    trains `soak_steps` more steps in a fresh process (a soak) under a card smaller by the
+    margin, which confirms it: a step's peak rises over the first steps of training, and a
+    fresh process's limit moves by a size or two from one process to the next, for which the
+    margin leaves room; a size whose soak runs out of memory gives way to the next smaller
+    size predicted to hold, soaked in turn.
 
     The model in this process is never touched: the child loads the MODEL string
     (`isolated=True`) or a saved copy of the model (and of the dataset's largest samples). A
@@ -218,7 +242,7 @@ def find_batch_size(
         isolated: `model` is a MODEL string the child loads, so this process needs no
             TensorFlow state at all.
         soak_steps: measured training steps the size found must hold for, from a fresh
-            start, before it is the answer (default 8; 0 answers from the search's trials).
+            start, before it is the answer (default 20; 0 answers from the search's trials).
         on_trial: called with each `Trial` as it completes (progress displays).
         classes: classes of a built-in MODEL string (`isolated=True`).
         safe_mode: False lets the child load a trusted `.keras` file (or the saved copy of
@@ -296,6 +320,7 @@ class _TrialRunner:
         from memfit.isolate import _shapes, check_child_arguments, save_for_child
 
         self.budget = budget
+        self.child_budget = budget  # what the next child processes emulate
         self.worst_case = worst_case
         self._tmp = tempfile.TemporaryDirectory(prefix="memfit-search-")
         self.dataset_size: int | None = None
@@ -382,9 +407,18 @@ class _TrialRunner:
     def _new_child(self) -> Any:
         from memfit.isolate import ChildWorker
 
-        worker = ChildWorker("memfit._child:open_measurer", self._child_kwargs, budget=self.budget)
+        worker = ChildWorker(
+            "memfit._child:open_measurer", self._child_kwargs, budget=self.child_budget
+        )
         worker.start()
         return worker
+
+    def use_budget(self, budget: Budget) -> None:
+        """Start the next child processes under `budget` (a spare made for another goes)."""
+        self.child_budget = budget
+        if self.spare is not None and self.spare.budget != budget:
+            self.spare.shutdown(kill=True)
+            self.spare = None
 
     def expect_oom(self) -> None:
         """The next trials may run out of memory: get a spare child ready to take over (an
@@ -422,7 +456,8 @@ class _TrialRunner:
         224 px, sizes 30-34 after 1, 4 and 12 in one process: first minus second step -50
         to +50 MiB, both ways; 32 after batch 1 alone: -21 and -15 MiB), so later trials
         measure from their first step, and a fresh process's warm-up runs at batch 1 (the
-        graph's optimisation without a full step's compute). A soak (`soak=True`) warms up at
+        graph's optimisation without a full step's compute). A soak (`soak=True`) runs its
+        steps back to back, as `model.fit` does, and warms up at
         its own size, as training starts. A trial passes only if every step it ran fitted.
 
         Returns the measurement, whether it was the first trial of a fresh process (the
@@ -441,6 +476,7 @@ class _TrialRunner:
                 exact=False,
                 warm_up=first,
                 warm_up_batch=None if soak else 1,
+                continuous=soak,
             )
             return m, False, first
         from memfit.isolate import measurement_from_child
@@ -455,6 +491,7 @@ class _TrialRunner:
                 restore=False,
                 warm_up=fresh,
                 warm_up_batch=None if soak else 1,
+                continuous=soak,
             )
         except MemfitError:
             self.worker.close()
@@ -469,7 +506,9 @@ class _TrialRunner:
     def fresh_process(self) -> None:
         """Go on in a fresh process (the spare, if one was started): after an OOM, and
         before a soak, which trains the size found from a fresh start as training would."""
-        if self.worker is None or self._worker_trials == 0:
+        if self.worker is None:
+            return
+        if self._worker_trials == 0 and self.worker.budget == self.child_budget:
             return
         self.worker.shutdown(kill=True)
         self.worker, self.spare = self.spare or self._new_child(), None
@@ -578,8 +617,19 @@ def _search(
             lo = guess
         else:
             hi = guess
-    # The soak: the size found trains more steps; while its peak rises out of the budget, the
-    # next smaller size predicted to hold is soaked instead.
+    # The soak: the size found trains more steps, in fresh processes under a card smaller by
+    # the margin (a fresh process's limit moves by a size or two from one process to the
+    # next: the margin is the room for that); while it runs out of memory, the next smaller
+    # size predicted to hold is soaked instead.
+    if soak_steps and margin > 0:
+        run.use_budget(
+            Budget(
+                usable_bytes=limit,
+                name=f"{budget.name} less {margin:.0%}",
+                source="user",
+                total_bytes=budget.total_bytes,
+            )
+        )
     while soak_steps and lo >= 1:
         run.fresh_process()
         run.expect_oom()
