@@ -78,7 +78,7 @@ emit({"runs": runs, "plain": weights(plain), "plain_loss": hp.history["loss"]})
 
 @pytest.mark.slow
 def test_seed_scenario_plain_fit_dies_memfit_fit_recovers() -> None:
-    budget = {"MEMFIT_MEMORY": "160MiB"}
+    budget = {"MEMFIT_MEMORY": "128MiB"}
     code = (
         MODEL
         + """

@@ -50,3 +50,21 @@ def test_child_errors_keep_their_message():
             },
             budget=Budget.from_size("64MiB"),
         )
+
+
+def test_a_log_line_of_an_allocation_the_caller_can_do_without_is_no_oom():
+    from memfit.isolate import _is_oom_line
+
+    benign = (
+        "W0000 bfc_allocator.cc:310] Allocator (bfc_cpu_allocator_for_gpu) ran out of memory "
+        "trying to allocate 1.20GiB with freed_by_count=0. The caller indicates that this is "
+        "not a failure, but this may mean that there could be performance gains if more "
+        "memory were available."
+    )
+    fatal = (
+        "W0000 bfc_allocator.cc:501] Allocator (bfc_cpu_allocator_for_gpu) ran out of memory "
+        "trying to allocate 48.00MiB (rounded to 50331648)requested by op Conv2D"
+    )
+    assert not _is_oom_line(benign)
+    assert _is_oom_line(fatal)
+    assert _is_oom_line("OOM when allocating tensor with shape[16,12276,20]")

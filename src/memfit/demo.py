@@ -475,7 +475,8 @@ class Demo:
                 "measure", model, "--data", data, "--batch-size", str(BATCH), "--repeats", "2"
             )
             if step is None or step.get("oom") or not step.get("peak_bytes"):
-                return False, {"problem": f"measure failed: {stderr}"}
+                what = (step or {}).get("oom_message") or stderr
+                return False, {"problem": f"measure failed (exit {code}): {what}"}
             peaks.append(int(step["peak_bytes"]))
         measured = int(statistics.median(peaks))
         error = (predicted - measured) / measured if predicted and measured else None

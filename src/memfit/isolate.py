@@ -28,6 +28,16 @@ _MAX_IN_USE = re.compile(r"MaxInUse:\s*([0-9.]+\s*[KMGT]?i?B)")
 _OOM_MARKS = ("ran out of memory trying to allocate", "OOM when allocating")
 
 
+def _is_oom_line(line: str) -> bool:
+    """Whether a line of TensorFlow's log says an allocation failed for good.
+
+    TensorFlow also logs "ran out of memory trying to allocate ..." for a request whose
+    caller can do without it ("The caller indicates that this is not a failure": a kernel's
+    optional scratch); the step goes on, so that line is no OOM.
+    """
+    return any(mark in line for mark in _OOM_MARKS) and "not a failure" not in line
+
+
 @dataclass
 class _ChildRun:
     returncode: int
@@ -60,8 +70,7 @@ def _run_watched(
         for line in proc.stderr:
             lines.append(line)
             del lines[:-200]
-            mark = next((m for m in _OOM_MARKS if m in line), None)
-            if mark is not None:
+            if _is_oom_line(line):
                 last_oom.append(time.monotonic())
                 if state.oom_line is None:
                     start = line.find("] ") + 2 if "] " in line else 0
@@ -260,7 +269,7 @@ class ChildWorker:
         for line in proc.stderr:
             self._lines.append(line)
             del self._lines[:-200]
-            if any(mark in line for mark in _OOM_MARKS):
+            if _is_oom_line(line):
                 self._ooms.append(time.monotonic())
                 if self._state.oom_line is None:
                     start = line.find("] ") + 2 if "] " in line else 0
