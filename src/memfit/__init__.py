@@ -11,6 +11,8 @@ Public API (everything else is private):
 - `parse_size`, `format_size`, `CARDS`: sizes and named cards.
 - `Watch`, `WatchFinding`: a Keras callback that watches training (memory growth, retracing,
   input-bound, divergence, OOM) and says why and what to do; `memfit report` shows its log.
+- `recompute`, `Recompute`, `RecomputeReport`: gradient checkpointing that saves memory on
+  TensorFlow (segments of the layer graph under `tf.recompute_grad`).
 - `MemfitError` and its subclasses: every error a user can fix.
 - `data`: dataset checks (`memfit.data.check`), tf.data pipeline audit (`memfit.data.audit`),
   a detection input pipeline (`memfit.data.detection_pipeline`); `DataError`.
@@ -33,6 +35,7 @@ from memfit.errors import (
     MeasurementError,
     MemfitError,
     ModelLoadError,
+    RecomputeError,
     SizeError,
     UnknownDeviceError,
     WorkloadError,
@@ -42,6 +45,7 @@ from memfit.fit import FitSummary, GuardedStep, Recovery, fit
 from memfit.measure import Measurement, measure, measure_many
 from memfit.models import load_model
 from memfit.plan import Candidate, Plan, plan
+from memfit.recompute import Recompute, RecomputeReport, recompute
 from memfit.search import BatchSearchResult, Trial, find_batch_size
 from memfit.sizes import format_size, parse_size
 from memfit.watch import WatchFinding
@@ -68,6 +72,9 @@ __all__ = [
     "MemfitError",
     "ModelLoadError",
     "Plan",
+    "Recompute",
+    "RecomputeError",
+    "RecomputeReport",
     "Recovery",
     "SizeError",
     "Trial",
@@ -89,6 +96,7 @@ __all__ = [
     "measure_many",
     "parse_size",
     "plan",
+    "recompute",
 ]
 
 

@@ -25,6 +25,7 @@ def measure_spec(
     remat: str | None = None,
     classes: int | None = None,
     safe_mode: bool = True,
+    recompute: Any = None,
 ) -> dict[str, Any]:
     """Load a MODEL spec and measure it in this (fresh) process.
 
@@ -43,6 +44,7 @@ def measure_spec(
         remat,
         classes=classes,
         safe_mode=safe_mode,
+        recompute=recompute,
     )
     return measure(batch_size=batch_size, repeats=repeats)
 
@@ -62,6 +64,7 @@ def open_measurer(
     warm_relaxed: bool = False,
     classes: int | None = None,
     safe_mode: bool = True,
+    recompute: Any = None,
 ) -> Callable[..., dict[str, Any]]:
     """Load a MODEL spec once; return `measure(batch_size, repeats)` for this process.
 
@@ -106,6 +109,11 @@ def open_measurer(
         )
         if workload.model.optimizer is not None and not workload.model.optimizer.built:
             workload.model.optimizer.build(workload.model.trainable_variables)
+        if recompute:
+            # memfit's recompute (`memfit.recompute`), applied for this throwaway process.
+            from memfit.recompute import recompute as segmented
+
+            segmented(workload.model, recompute).apply()
         if warm_relaxed:
             workload.warm_relaxed()
     except Exception as exc:

@@ -19,6 +19,7 @@ keras-hub's RetinaNet build anchors from the static image size.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import Any
 
@@ -36,6 +37,8 @@ class AccumulatingStep:
         loss_fn: `loss_fn(x, y) -> scalar`, the mean loss of a (micro-)batch, for custom
             training loops; it calls the model itself. Default: the model's compiled loss
             and metrics.
+        recompute: a `memfit.Recompute` of `model`: its training forward is traced
+            segmented (gradient checkpointing); None: the model's own.
 
     Example:
         ```python
@@ -45,10 +48,13 @@ class AccumulatingStep:
         ```
     """
 
-    def __init__(self, model: Any, optimizer: Any = None, loss_fn: Any = None) -> None:
+    def __init__(
+        self, model: Any, optimizer: Any = None, loss_fn: Any = None, recompute: Any = None
+    ) -> None:
         self.model = model
         self.optimizer = optimizer if optimizer is not None else model.optimizer
         self.loss_fn = loss_fn
+        self.recompute = recompute
         self.loss_tracker: Any = None
         if loss_fn is not None:
             keras = tfb.import_keras()
@@ -69,14 +75,20 @@ class AccumulatingStep:
         fn = self._gradient_fns.get(k)
         if fn is None:
             fn = self._gradient_fns[k] = self._make_gradient_fn(k)
-        return fn(data)
+        with self._recomputing():
+            return fn(data)
 
     def trace(self, data: Any, k: int) -> None:
         """Trace the gradients function for this batch's shapes and `k` without running it."""
         fn = self._gradient_fns.get(k)
         if fn is None:
             fn = self._gradient_fns[k] = self._make_gradient_fn(k)
-        fn.get_concrete_function(data)
+        with self._recomputing():
+            fn.get_concrete_function(data)
+
+    def _recomputing(self) -> Any:
+        """The model's forward segmented while a step is traced (see `memfit.recompute`)."""
+        return self.recompute if self.recompute is not None else contextlib.nullcontext()
 
     def _make_gradient_fn(self, k: int) -> Callable[..., Any]:
         tf = tfb.import_tf()

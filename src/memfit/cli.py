@@ -262,6 +262,13 @@ def model_options(command: Callable[..., Any]) -> Callable[..., Any]:
     help="Measured steps after the warm-up step.",
 )
 @click.option(
+    "--recompute",
+    "recompute",
+    metavar="POLICY",
+    help="Measure with memfit's recompute (gradient checkpointing): sqrt, all, a segment "
+    "count, a size kept for backward (64MiB) or layer names to cut after (a,b).",
+)
+@click.option(
     "--in-process",
     is_flag=True,
     help="Measure all batch sizes in this process (faster; by default each runs in a "
@@ -275,6 +282,7 @@ def measure(
     batch_size: list[int],
     repeats: int,
     in_process: bool,
+    recompute: str | None,
     input_shape: Any,
     classes: int | None,
     optimizer: str | None,
@@ -294,6 +302,7 @@ def measure(
     isolated = not in_process
     budget = apply_budget(memory, device)
     from memfit.measure import measure as run_measure
+    from memfit.recompute import policy_from_text
 
     results = []
     with err.status("Loading model", spinner="dots") as status:
@@ -307,6 +316,7 @@ def measure(
                 "repeats": repeats,
                 "budget": budget,
                 "data": data,
+                **({"recompute": policy_from_text(recompute)} if recompute else {}),
             }
             if isolated:
                 from memfit.isolate import measure_in_child

@@ -44,3 +44,7 @@ class MeasurementError(MemfitError, RuntimeError):
 
 class DataError(MemfitError, ValueError):
     """Data memfit was asked to read or audit cannot be used (no files, unknown schema, ...)."""
+
+
+class RecomputeError(MemfitError, ValueError):
+    """Recompute (gradient checkpointing) cannot apply to a model, or a policy is not valid."""

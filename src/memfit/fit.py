@@ -109,6 +109,9 @@ class GuardedStep:
         verbose: log each recovery (through the `memfit` logger and to the terminal).
         budget: the budget the update's headroom is judged against (default: the emulated
             one); without one, `"auto"` guards every update.
+        recompute: train with memfit's recompute (gradient checkpointing): a
+            `segments=` policy of `memfit.recompute` (`"sqrt"`, a count, a size, layer
+            names; True means `"sqrt"`) or a `memfit.Recompute` of `model`.
 
     Example:
         ```python
@@ -134,6 +137,7 @@ class GuardedStep:
         on_recovery: Callable[[Recovery], None] | None = None,
         verbose: bool = True,
         budget: Any = None,
+        recompute: Any = None,
     ) -> None:
         if (optimizer is None) != (loss_fn is None):
             raise MemfitError(
@@ -152,7 +156,12 @@ class GuardedStep:
         self.verbose = verbose
         self.epoch: int | None = None
         self.summary = FitSummary()
-        self._step = AccumulatingStep(model, optimizer=optimizer, loss_fn=loss_fn)
+        from memfit.recompute import as_recompute
+
+        self.recompute = as_recompute(model, recompute)
+        self._step = AccumulatingStep(
+            model, optimizer=optimizer, loss_fn=loss_fn, recompute=self.recompute
+        )
         self.optimizer = self._step.optimizer
         self._k: dict[str, int] = {}
         self._traced: set[tuple[str, int]] = set()
@@ -353,6 +362,7 @@ def fit(
     guard_update: bool | str = "auto",
     on_recovery: Callable[[Recovery], None] | None = None,
     budget: Any = None,
+    recompute: Any = None,
 ) -> Any:
     """`model.fit` that trains at the batch you ask for and survives out-of-memory errors.
 
@@ -380,6 +390,8 @@ def fit(
         on_recovery: called with each `Recovery` as it happens.
         budget: the budget to train in (default: the emulated one, else the device's); it
             judges the update's headroom. To cap memory, emulate it first (`memfit.emulate`).
+        recompute: train with memfit's recompute (see `memfit.recompute`): `"sqrt"`, a
+            count, a size, layer names, True (`"sqrt"`) or a `memfit.Recompute`.
 
     Returns:
         The `keras.callbacks.History`, with `history.memfit` added.
@@ -414,6 +426,7 @@ def fit(
         on_recovery=on_recovery,
         verbose=verbose != 0,
         budget=budget,
+        recompute=recompute,
     )
     tracker = _epoch_tracker(step)
     previous = model.train_function

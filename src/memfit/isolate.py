@@ -389,6 +389,7 @@ def measure_in_child(
     remat: str | None = None,
     classes: int | None = None,
     safe_mode: bool = True,
+    recompute: Any = None,
 ) -> Any:
     """`memfit.measure(..., isolated=True)`: the measurement made in a fresh child process.
 
@@ -417,6 +418,7 @@ def measure_in_child(
                 "remat": remat,
                 "classes": classes,
                 "safe_mode": bool(safe_mode),
+                **({"recompute": _recompute_option(recompute)} if recompute else {}),
             },
             budget=budget,
         )
@@ -484,3 +486,17 @@ def save_for_child(model: Any, folder: str) -> str:
             f"package.module:factory) instead"
         ) from None
     return path
+
+
+def _recompute_option(recompute: Any) -> Any:
+    """A `recompute=` policy a child process can take: a name, count, size or layer names."""
+    if recompute is True:
+        return "sqrt"
+    if isinstance(recompute, (str, int)):
+        return recompute
+    if isinstance(recompute, (list, tuple)) and all(isinstance(n, str) for n in recompute):
+        return list(recompute)
+    raise WorkloadError(
+        "with isolated=True, recompute must be a policy ('sqrt', a count, a size or layer "
+        "names), not a Recompute object"
+    )

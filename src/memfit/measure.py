@@ -116,6 +116,7 @@ def measure(
     worst_case: bool = False,
     micro_batches: int = 1,
     on_progress: Callable[[str], None] | None = None,
+    recompute: Any = None,
 ) -> Measurement:
     """Run one real training step of `model` at `batch_size` and measure its peak memory.
 
@@ -151,6 +152,9 @@ def measure(
         micro_batches: measure the step `memfit.fit` runs with this many micro-batches
             (gradients accumulated over them, one update) instead of the model's `train_step`.
         on_progress: called with a short text at each phase (for progress displays).
+        recompute: measure the step with memfit's recompute (gradient checkpointing): a
+            `segments=` policy of `memfit.recompute` (`"sqrt"`, a count, a size, layer
+            names; True means `"sqrt"`), or (in process) a `memfit.Recompute` of `model`.
 
     Returns:
         A `Measurement`; `oom=True` when the step ran out of memory.
@@ -181,6 +185,7 @@ def measure(
             budget=as_budget(budget) or emulated_budget(),
             worst_case=worst_case,
             micro_batches=micro_batches,
+            recompute=recompute,
         )
     if isinstance(model, str):
         raise WorkloadError(
@@ -196,7 +201,7 @@ def measure(
         data=data,
         worst_case=worst_case,
     )
-    return measure_workload(
+    return _recomputing(workload, recompute, measure_workload)(
         workload,
         batch_size,
         repeats=repeats,
@@ -394,3 +399,18 @@ def measure_many(
     for size in batch_sizes:
         _check_batch_size(size)
     return [measure(model, size, **kwargs) for size in sorted(batch_sizes)]
+
+
+def _recomputing(workload: Workload, recompute: Any, run: Callable[..., Any]) -> Callable[..., Any]:
+    """`run` with memfit's recompute applied to the workload's model while it runs."""
+    from memfit.recompute import as_recompute
+
+    segmented = as_recompute(workload.model, recompute)
+    if segmented is None:
+        return run
+
+    def with_recompute(*args: Any, **kwargs: Any) -> Any:
+        with segmented:
+            return run(*args, **kwargs)
+
+    return with_recompute

@@ -1,0 +1,264 @@
+"""memfit.recompute: segments under tf.recompute_grad give the plain step's gradients, update
+BatchNorm once, keep dropout masks, and say clearly where they cannot apply."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+from helpers import run_isolated
+
+import memfit
+from memfit.errors import RecomputeError
+
+
+def _block_model(dropout: float = 0.3, batchnorm: bool = True) -> Any:
+    """A small residual CNN (3 blocks: articulation points between them)."""
+    import keras
+
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((16, 16, 3))
+    h = keras.layers.Conv2D(8, 3, padding="same", name="stem")(inputs)
+    for i in range(3):
+        s = keras.layers.Conv2D(8, 3, padding="same", name=f"conv{i}")(h)
+        if batchnorm:
+            s = keras.layers.BatchNormalization(name=f"bn{i}")(s)
+        s = keras.layers.ReLU()(s)
+        if dropout:
+            s = keras.layers.Dropout(dropout, name=f"drop{i}")(s)
+        h = keras.layers.Add(name=f"add{i}")([h, s])
+    h = keras.layers.GlobalAveragePooling2D()(h)
+    return keras.Model(inputs, keras.layers.Dense(4, name="head")(h))
+
+
+def _train_step(model: Any, x: Any, y: Any, recompute: Any, compiled: bool) -> tuple[list, list]:
+    """Gradients of one step and every variable after it (state restored afterwards)."""
+    import tensorflow as tf
+
+    saved = [np.array(v.numpy(), copy=True) for v in model.variables]
+
+    def step() -> Any:
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean((model(x, training=True) - y) ** 2)
+        return tape.gradient(loss, model.trainable_variables)
+
+    run = tf.function(step) if compiled else step
+    if recompute is not None:
+        with recompute:
+            grads = run()
+    else:
+        grads = run()
+    after = [np.array(v.numpy(), copy=True) for v in model.variables]
+    for v, value in zip(model.variables, saved, strict=True):
+        v.assign(value)
+    return [np.asarray(g) for g in grads], after
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "tf.function"])
+def test_gradients_batchnorm_and_dropout_equal_the_plain_step(compiled: bool) -> None:
+    import tensorflow as tf
+
+    model = _block_model()
+    x = tf.random.stateless_normal((4, 16, 16, 3), seed=(1, 2))
+    y = tf.random.stateless_normal((4, 4), seed=(3, 4))
+    plan = memfit.recompute(model, "all")
+    assert len(plan.report.segments) >= 4  # cut between the blocks at least
+    plain_grads, plain_after = _train_step(model, x, y, None, compiled)
+    grads, after = _train_step(model, x, y, plan, compiled)
+    # Gradients: to float32 rounding. A new dropout mask in the recomputation would change
+    # them far beyond that (a third of the units differ).
+    for g0, g1 in zip(plain_grads, grads, strict=True):
+        np.testing.assert_allclose(g1, g0, rtol=1e-5, atol=1e-6)
+    # BatchNorm moving statistics moved once (a second update would move them again), and
+    # the dropout seed generators advanced as in the plain step.
+    names = [v.path for v in model.variables]
+    for name, v0, v1 in zip(names, plain_after, after, strict=True):
+        np.testing.assert_allclose(v1, v0, rtol=1e-6, atol=1e-7, err_msg=name)
+    moving = [a for n, a in zip(names, after, strict=True) if "moving_mean" in n]
+    assert moving and all(np.abs(m).sum() > 0 for m in moving)  # they did move
+    # The model is its own again afterwards (no segmented call left behind).
+    assert "call" not in model.__dict__
+
+
+def test_segments_are_recomputed_in_backward() -> None:
+    """The gradient runs each segment's layers again (counted), and only in training."""
+    import keras
+    import tensorflow as tf
+
+    calls: list[str] = []
+
+    class Counting(keras.layers.Layer):
+        def call(self, inputs: Any) -> Any:
+            calls.append(self.name)
+            return inputs * 2.0
+
+    inputs = keras.Input((4,))
+    h = keras.layers.Dense(4, name="d0")(inputs)
+    h = Counting(name="count")(h)
+    h = keras.layers.Dense(4, name="d1")(h)
+    model = keras.Model(inputs, keras.layers.Dense(1, name="d2")(h))
+    x = tf.ones((2, 4))
+    calls.clear()  # building the model called it symbolically
+    with memfit.recompute(model, "all"):
+        model(x, training=False)
+        assert calls == ["count"]
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(model(x, training=True))
+        assert calls == ["count"] * 2
+        tape.gradient(loss, model.trainable_variables)
+    assert calls == ["count"] * 3  # recomputed for the gradient
+
+
+def test_policies_sqrt_count_size_and_layer_names() -> None:
+    model = _block_model(dropout=0.0)
+    sqrt = memfit.recompute(model).report
+    assert sqrt.policy == "sqrt" and len(sqrt.segments) >= 2
+    assert len(memfit.recompute(model, 2).report.segments) == 2
+    named = memfit.recompute(model, ["add0", "add1"]).report
+    assert named.boundaries == ["add0", "add1"]
+    # 16x16x8 float32 = 8 KiB a boundary: a 20 KiB budget keeps two, not more.
+    sized = memfit.recompute(model, "20KiB").report
+    assert 1 <= len(sized.boundaries) <= 2 and sized.kept_bytes <= 20 * 1024
+    with pytest.raises(RecomputeError, match="cannot cut after layer 'conv1'"):
+        memfit.recompute(model, ["conv1"])
+    with pytest.raises(RecomputeError, match="too small"):
+        memfit.recompute(model, "1KiB")
+    with pytest.raises(RecomputeError, match="segments must be"):
+        memfit.recompute(model, "often")
+
+
+def test_sequential_model_gives_the_plain_gradients() -> None:
+    import keras
+    import tensorflow as tf
+
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential(
+        [keras.Input((8,)), *[keras.layers.Dense(8, activation="relu") for _ in range(4)]]
+        + [keras.layers.Dense(1)]
+    )
+    x, y = tf.ones((3, 8)), tf.zeros((3, 1))
+    plain, _ = _train_step(model, x, y, None, True)
+    grads, _ = _train_step(model, x, y, memfit.recompute(model, "sqrt"), True)
+    for g0, g1 in zip(plain, grads, strict=True):
+        np.testing.assert_allclose(g1, g0, rtol=1e-5, atol=1e-6)
+
+
+def test_subclassed_model_is_not_applicable() -> None:
+    import keras
+
+    class Net(keras.Model):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a = keras.layers.Dense(4)
+            self.b = keras.layers.Dense(1)
+
+        def call(self, x: Any) -> Any:
+            return self.b(self.a(x))
+
+    model = Net()
+    model.build((None, 3))
+    with pytest.raises(RecomputeError) as info:
+        memfit.recompute(model)
+    message = str(info.value)
+    assert message.startswith("recompute is not applicable:") and "subclassed" in message
+    assert "\n" not in message
+
+
+def test_graph_without_articulation_point_is_not_applicable() -> None:
+    import keras
+
+    inputs = keras.Input((4,))
+    a = keras.layers.Dense(4)(inputs)
+    b = keras.layers.Dense(4)(inputs)
+    model = keras.Model(inputs, keras.layers.Add()([a, b]))
+    with pytest.raises(RecomputeError, match="no articulation point"):
+        memfit.recompute(model)
+
+
+def test_fit_trains_with_recompute_like_without() -> None:
+    """memfit.fit(recompute=...) trains the user's model: same losses, same weights."""
+    import keras
+
+    x = np.random.default_rng(0).standard_normal((16, 16, 16, 3)).astype("float32")
+    y = np.random.default_rng(1).standard_normal((16, 4)).astype("float32")
+    results = []
+    for option in (None, "sqrt"):
+        model = _block_model(dropout=0.0)
+        model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse")
+        history = memfit.fit(model, x, y, batch_size=8, epochs=2, verbose=0, recompute=option)
+        results.append((history.history["loss"], [w.copy() for w in model.get_weights()]))
+        assert "call" not in model.__dict__
+    (loss0, w0), (loss1, w1) = results
+    np.testing.assert_allclose(loss1, loss0, rtol=1e-5)
+    for a, b in zip(w0, w1, strict=True):
+        np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-6)
+
+
+def test_measure_with_recompute_lowers_the_peak() -> None:
+    """Measured under an emulated budget: memfit's recompute keeps less for backward."""
+    result = run_isolated(
+        """
+        import memfit
+        import keras
+        keras.utils.set_random_seed(0)
+        inputs = keras.Input((64, 64, 3))
+        h = keras.layers.Conv2D(32, 3, padding="same", activation="relu")(inputs)
+        for i in range(8):
+            s = keras.layers.Conv2D(32, 3, padding="same", activation="relu")(h)
+            s = keras.layers.Conv2D(32, 3, padding="same")(s)
+            h = keras.layers.Add()([h, s])
+        h = keras.layers.GlobalAveragePooling2D()(h)
+        model = keras.Model(inputs, keras.layers.Dense(10, activation="softmax")(h))
+        model.compile("sgd", "sparse_categorical_crossentropy")
+        plain = memfit.measure(model, 16, repeats=2)
+        segmented = memfit.measure(model, 16, repeats=2, recompute="sqrt")
+        emit([plain.step_bytes, segmented.step_bytes, "call" in model.__dict__])
+        """,
+        env={"MEMFIT_MEMORY": "2GiB", "TF_NUM_INTRAOP_THREADS": "1"},
+        timeout=300,
+    )
+    plain, segmented, left_patched = result
+    assert not left_patched
+    assert segmented < 0.8 * plain, (plain, segmented)
+
+
+def test_cli_measure_recompute_on_a_subclassed_model_is_one_line(tmp_path: Any) -> None:
+    from helpers import run_cli
+
+    module = tmp_path / "subclassed_factory.py"
+    module.write_text(
+        "import keras\n"
+        "class Net(keras.Model):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.d = keras.layers.Dense(2, activation='softmax')\n"
+        "    def call(self, x):\n"
+        "        return self.d(x)\n"
+        "def build():\n"
+        "    m = Net()\n"
+        "    m.build((None, 4))\n"
+        "    m.compile('adam', 'sparse_categorical_crossentropy')\n"
+        "    return m\n"
+    )
+    import os
+
+    env = {"PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    proc = run_cli(
+        "measure",
+        "subclassed_factory:build",
+        "--input-shape",
+        "4",
+        "-b",
+        "2",
+        "--recompute",
+        "sqrt",
+        "--memory",
+        "1GiB",
+        env=env,
+        timeout=300,
+    )
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("memfit: error:")]
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert len(lines) == 1 and "recompute is not applicable" in lines[0], proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
