@@ -262,3 +262,15 @@ def test_cli_measure_recompute_on_a_subclassed_model_is_one_line(tmp_path: Any) 
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert len(lines) == 1 and "recompute is not applicable" in lines[0], proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr
+
+
+def test_estimate_what_if_that_cannot_build_is_one_not_applicable_line() -> None:
+    """A RematScope mode that fails is a row 'not applicable: <why>', not a raw exception."""
+    from memfit.estimate import _not_applicable
+
+    keras_error = ValueError(
+        'in user code:\n\n    File "functional.py", line 183, in call\n        outputs = '
+        "self._run_through_graph(\n\n    ValueError: Output with path `0` is not connected"
+    )
+    assert _not_applicable(keras_error) == ("not applicable: Output with path `0` is not connected")
+    assert _not_applicable(TypeError("bad mode\nmore")) == "not applicable: bad mode"

@@ -11,6 +11,7 @@ optimizer state and the batch included.
 from __future__ import annotations
 
 import contextlib
+import re
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -345,10 +346,25 @@ def _what_ifs(
         try:
             est = estimate_workload(build(**kwargs), batch)
         except Exception as exc:  # noqa: BLE001 - a variant that cannot build is reported
-            row(change, None, f"{type(exc).__name__}: {str(exc)[:200]}")
+            row(change, None, _not_applicable(exc))
             continue
         row(change, est)
     return rows
+
+
+def _not_applicable(exc: Exception) -> str:
+    """A what-if that cannot be built, as one line: `not applicable: <why>`.
+
+    Keras wraps errors raised while tracing in `in user code:` and a traceback; the
+    reason is the last `SomeError: ...` line of it.
+    """
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    why = lines[0] if lines else type(exc).__name__
+    if why.startswith("in user code"):
+        errors = [line for line in lines if re.match(r"^[A-Za-z_.]*(Error|Exception):", line)]
+        why = errors[-1] if errors else lines[-1]
+        why = why.split(": ", 1)[1] if ": " in why else why
+    return f"not applicable: {why[:200]}"
 
 
 def _largest_batch(
