@@ -68,15 +68,14 @@ class LayerGraph:
 
         After step `i` the live tensors are those already computed that a later step or
         the output still needs; where that is exactly one tensor, everything later depends
-        on the earlier layers only through it. Only points between two computing steps are
-        returned, one per run of alias steps.
+        on the earlier layers only through it. The model's inputs do not count: the batch
+        is held for the whole step anyway (a detector's anchors read the image's shape at
+        the end), so a later segment may read them too (`held_inputs`). Only points between
+        two computing steps are returned, one per run of alias steps.
         """
-        last_use: dict[int, float] = {}
-        for index, step in enumerate(self.steps):
-            for tensor in step.inputs:
-                last_use[tensor] = index
-        for tensor in self.output_ids:
-            last_use[tensor] = math.inf
+        self._held: dict[int, list[int]] = {}
+        last_use = self._last_use()
+        inputs = self._input_like()
         live = {t for t in self.input_ids if t in last_use}
         computing = [i for i, s in enumerate(self.steps) if s.node is not None]
         if not computing:
@@ -92,10 +91,38 @@ class LayerGraph:
                 if last_use.get(tensor, -1) > index:
                     live.add(tensor)
             since_cut += step.node is not None
-            if first <= index < last and len(live) == 1 and since_cut and step.node is not None:
-                result.append((index, next(iter(live))))
+            computed = [t for t in live if t not in inputs]
+            if first <= index < last and len(computed) == 1 and since_cut and step.node:
+                result.append((index, computed[0]))
+                self._held[index] = sorted((t for t in live if t in inputs), key=self._order)
                 since_cut = 0
         return result
+
+    def held_inputs(self, index: int) -> list[int]:
+        """Model inputs (or their aliases) still needed after the cut at step `index`."""
+        if not hasattr(self, "_held"):
+            self.cuts()
+        return list(self._held.get(index, []))
+
+    def _order(self, tensor: int) -> int:
+        return self.input_ids.index(tensor) if tensor in self.input_ids else len(self.input_ids)
+
+    def _last_use(self) -> dict[int, float]:
+        last_use: dict[int, float] = {}
+        for index, step in enumerate(self.steps):
+            for tensor in step.inputs:
+                last_use[tensor] = index
+        for tensor in self.output_ids:
+            last_use[tensor] = math.inf
+        return last_use
+
+    def _input_like(self) -> set[int]:
+        inputs = set(self.input_ids)
+        for step in self.steps:
+            for dst, src in step.aliases:
+                if src in inputs:
+                    inputs.add(dst)
+        return inputs
 
     def tensor_bytes(self, tensor_id: int, batch_size: int = 1) -> int | None:
         """Bytes of a tensor at `batch_size` from its symbolic shape (None: undefined dims)."""
@@ -270,12 +297,19 @@ class Segment:
         inputs: ids of the tensors the segment reads from earlier segments.
         outputs: ids of the tensors later segments (or the model's outputs) read.
         recompute: whether to recompute the segment in backward (False: keep everything).
+        held: ids of model inputs the segment also reads (captured, not differentiated).
     """
 
     def __init__(
-        self, steps: list[Step], inputs: list[int], outputs: list[int], recompute: bool = True
+        self,
+        steps: list[Step],
+        inputs: list[int],
+        outputs: list[int],
+        recompute: bool = True,
+        held: list[int] | None = None,
     ) -> None:
         self.steps = steps
+        self.held = list(held or [])
         self.inputs = inputs
         self.outputs = outputs
         self.recompute = recompute
@@ -305,6 +339,7 @@ class Segment:
         from keras.src.backend.common.stateless_scope import StatelessScope
 
         inputs = [values[t] for t in self.inputs]
+        held = {t: values[t] for t in self.held}
         if not all(_is_float(v) for v in inputs):  # recompute_grad differentiates its inputs
             run_steps(self.steps, values, training)
             return
@@ -319,6 +354,7 @@ class Segment:
             first = not passes
             passes.append(1)
             local = dict(zip(input_ids, tensors, strict=True))
+            local.update(held)
             with StatelessScope(state_mapping=mapping, collect_losses=True) as scope:
                 run_steps(steps, local, True)
             if scope.losses:
@@ -360,12 +396,14 @@ def segments_from_cuts(graph: LayerGraph, cut_steps: list[int]) -> list[Segment]
     segments = []
     start = 0
     previous_inputs = list(graph.input_ids)
+    held: list[int] = []
     for end in [*bounds, len(graph.steps) - 1]:
         steps = graph.steps[start : end + 1]
         last = end == len(graph.steps) - 1
         outputs = list(graph.output_ids) if last else [cut_tensor[end]]
-        segments.append(Segment(steps, previous_inputs, outputs))
+        segments.append(Segment(steps, previous_inputs, outputs, held=held))
         previous_inputs = outputs
+        held = [] if last else graph.held_inputs(end)
         start = end + 1
     return segments
 

@@ -364,6 +364,8 @@ def _not_applicable(exc: Exception) -> str:
         errors = [line for line in lines if re.match(r"^[A-Za-z_.]*(Error|Exception):", line)]
         why = errors[-1] if errors else lines[-1]
         why = why.split(": ", 1)[1] if ": " in why else why
+    elif why.startswith("Exception encountered when calling") and len(lines) > 1:
+        why = re.sub(r"\x1b\[[0-9;]*m", "", lines[1])  # the cause, not the wrapper
     return f"not applicable: {why[:200]}"
 
 
