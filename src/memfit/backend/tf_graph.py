@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from memfit.backend import tf as tfb
+from memfit.backend.tf_layers import layer_tree, variable_owners
 
 # Ops whose output is a view of an input buffer (no allocation): output i aliases input i
 # (or input 0).
@@ -107,8 +108,12 @@ class StepGraph:
         fetches: tensor names the step returns (the logs).
         variables: name -> (bytes, kind) of each variable, kind one of `weight`,
             `optimizer`, `other`.
-        variable_layers: variable name -> the layer that owns it.
+        variable_layers: variable name -> the layer that owns it (optimizer slots: the layer
+            of the variable they are for).
         layers: names of the model's layers (for attributing ops).
+        layer_tree: the model's layers as a `memfit.attribution.LayerTree`, its reading of
+            `_N` suffixes chosen from these ops: attributes ops to innermost layers (None:
+            `layers` does, outermost first).
         optimizer_name: the optimizer's name scope.
         inter_op_threads: ops the runtime may run at once (inter-op threads, at most the
             CPUs the process may run on).
@@ -131,6 +136,7 @@ class StepGraph:
     inter_op_threads: int
     node_rank: dict[str, int] = field(default_factory=dict)
     variable_temps: dict[str, int] = field(default_factory=dict)
+    layer_tree: Any = None
 
 
 def _nbytes(shape: Any, dtype: Any) -> int:
@@ -478,7 +484,8 @@ def trace_step(workload: Any, batch_size: int) -> StepGraph:
         handle = getattr(inner, "handle", None)
         if handle is not None:
             by_handle[id(handle)] = var
-    owners = _variable_owners(model)
+    tree = layer_tree(model)
+    owners = variable_owners(model, tree)
     temps = _initializer_temps(model)
     variable_temps: dict[str, int] = {}
     for external, internal in graph.captures:
@@ -533,6 +540,7 @@ def trace_step(workload: Any, batch_size: int) -> StepGraph:
     optimized = grappler_graph(graph.as_graph_def(), fetches)
     rewire_as_grappler(ops, optimized)
     ops = prune_dead(drop_identity_n(ops, fetches), fetches, effects)
+    tree.choose_policy(op.name for op in ops)
     arguments = [t.name for t in graph.inputs if t.dtype != tf.resource]
     argument_bytes = [
         _nbytes(graph.get_tensor_by_name(n).shape, graph.get_tensor_by_name(n).dtype)
@@ -551,6 +559,7 @@ def trace_step(workload: Any, batch_size: int) -> StepGraph:
         inter_op_threads=min(_inter_threads(tf), schedulable_cpus()),
         node_rank={name: node.rank for name, node in optimized.items()},
         variable_temps=variable_temps,
+        layer_tree=tree,
     )
 
 
@@ -571,18 +580,6 @@ def _layer_names(model: Any) -> set[str]:
             names.add(child.name)
             stack.append(child)
     return names
-
-
-def _variable_owners(model: Any) -> dict[int, str]:
-    owners: dict[int, str] = {}
-    stack = [model]
-    while stack:
-        layer = stack.pop()
-        for child in getattr(layer, "layers", None) or []:
-            for var in getattr(child, "weights", []) or []:
-                owners.setdefault(id(var), child.name)
-            stack.append(child)
-    return owners
 
 
 RANDOM_INITIALIZER_TEMPS = 2

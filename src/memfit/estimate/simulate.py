@@ -199,7 +199,8 @@ def _run(
         for p in ps:
             succs[p].append(i)
     phases = [phase_of(op.name, op.type, graph.optimizer_name) for op in ops]
-    layers = [layer_of(op.name, graph.layers) for op in ops]
+    tree = getattr(graph, "layer_tree", None)
+    layers = [tree.layer_of(op.name) if tree else layer_of(op.name, graph.layers) for op in ops]
     # A backward tensor read by the optimizer's ops is a gradient.
     feeds_update: set[str] = set()
     for i, op in enumerate(ops):
@@ -214,6 +215,9 @@ def _run(
     request: dict[int, int] = {}
     refs: dict[int, int] = defaultdict(int)
     owner: dict[int, int] = {}
+    # The op that allocated each buffer: its layer is the buffer's, as in TensorFlow's memory
+    # profile (`memfit measure --explain`), even after an op forwarded it to its own output.
+    made_by: dict[int, int] = {}
     category: dict[int, str] = {}
     threads = max(1, int(graph.inter_op_threads))
     start = bfc.in_use
@@ -232,7 +236,7 @@ def _run(
         size[buffer] = bfc.size_of(buffer)
         request[buffer] = round_up(nbytes)
         refs[buffer] = 1
-        owner[buffer] = op_index
+        owner[buffer] = made_by[buffer] = op_index
         category[buffer] = phases[op_index]
         count_forward(buffer, +1)
         return buffer
@@ -259,10 +263,11 @@ def _run(
             if count > 0 and size[buffer] and owner[buffer] >= 0:
                 o = owner[buffer]
                 cat = category[buffer]
-                live.append(Live(request[buffer], cat, layers[o], ops[o].name))
+                layer = layers[made_by.get(buffer, o)]
+                live.append(Live(request[buffer], cat, layer, ops[o].name))
                 if size[buffer] > request[buffer]:
                     waste = size[buffer] - request[buffer]
-                    live.append(Live(waste, "fragmentation", layers[o], ops[o].name))
+                    live.append(Live(waste, "fragmentation", layer, ops[o].name))
         for nbytes, chunk, cat, o in extra:
             live.append(Live(nbytes, cat, layers[o], ops[o].name))
             if chunk > nbytes:
