@@ -274,6 +274,13 @@ def model_options(command: Callable[..., Any]) -> Callable[..., Any]:
     help="Measure all batch sizes in this process (faster; by default each runs in a "
     "fresh child process, so one batch's OOM cannot disturb the next).",
 )
+@click.option(
+    "--explain",
+    is_flag=True,
+    help="Also list what was alive at the peak (by layer and kind, the largest tensors), "
+    "from TensorFlow's memory profile of the measured steps, beside memfit estimate's breakdown "
+    "of the same step. Needs a budget on a CPU (--memory/--device).",
+)
 @model_options
 @budget_options
 @json_option
@@ -283,6 +290,7 @@ def measure(
     repeats: int,
     in_process: bool,
     recompute: str | None,
+    explain: bool,
     input_shape: Any,
     classes: int | None,
     optimizer: str | None,
@@ -297,6 +305,7 @@ def measure(
 
     MODEL is a .keras file, package.module:factory, or a built-in such as
     keras.applications.MobileNetV2. A batch that does not fit is reported as out of memory.
+    With --explain, the peak is broken down into the tensors alive at that moment.
     """
     check_model_spec(model)
     isolated = not in_process
@@ -317,6 +326,7 @@ def measure(
                 "budget": budget,
                 "data": data,
                 **({"recompute": policy_from_text(recompute)} if recompute else {}),
+                "explain": explain,
             }
             if isolated:
                 from memfit.isolate import measure_in_child
@@ -338,6 +348,99 @@ def measure(
         _print_json(payload[0] if len(payload) == 1 else {"measurements": payload})
         return
     _render_measurements(model, results)
+    for result in results:
+        if result.explanation is not None:
+            _render_explanation(result.batch_size, result.explanation)
+
+
+def _render_explanation(batch_size: int, explanation: Any, top: int = 10) -> None:
+    """`measure --explain`: the live set at the peak beside the estimate of the same step."""
+    from rich.markup import escape
+
+    e = explanation
+    estimate = e.estimate or {}
+    error = f" ({e.listed_error:+.1%} of the measured peak)" if e.listed_error is not None else ""
+    out.print(
+        f"\n[bold]Alive at the peak of batch {batch_size}[/]: {format_size(e.listed_bytes)}"
+        f"{error}, {e.tensors} tensors made by the step besides what was resident; the peak "
+        f"came at {escape(e.peak_op or '-')}"
+    )
+    predicted = estimate.get("peak_bytes")
+    kinds = Table(title="By kind", title_justify="left")
+    kinds.add_column("kind")
+    kinds.add_column("measured", justify="right")
+    kinds.add_column("share", justify="right")
+    kinds.add_column("estimate", justify="right")
+    breakdown = estimate.get("breakdown") or {}
+    for kind, nbytes in e.by_kind.items():
+        guess = breakdown.get(f"{kind}_bytes")
+        if nbytes or guess:
+            share = nbytes / e.listed_bytes if e.listed_bytes else 0
+            kinds.add_row(
+                kind.replace("_", " "),
+                format_size(nbytes),
+                f"{share:.0%}",
+                format_size(guess) if guess is not None else "-",
+            )
+    kinds.add_row(
+        "[bold]total[/]",
+        format_size(e.listed_bytes),
+        "",
+        format_size(predicted) if predicted else "-",
+    )
+    out.print(kinds)
+    estimated = {row["layer"]: row for row in estimate.get("per_layer") or []}
+    layers = Table(title=f"By layer (top {top})", title_justify="left")
+    for column in ("layer", "measured", "mostly", "estimate"):
+        layers.add_column(column, justify="right" if column in ("measured", "estimate") else "left")
+    for row in e.per_layer[:top]:
+        parts = {k[:-6]: v for k, v in row.items() if k.endswith("_bytes")}
+        main = max(parts, key=lambda k: parts[k]) if parts else ""
+        guess = estimated.get(row["layer"], {}).get("bytes")
+        layers.add_row(
+            escape(row["layer"]),
+            format_size(row["bytes"]),
+            main.replace("_", " "),
+            format_size(guess) if guess is not None else "-",
+        )
+    rest = e.per_layer[top:]
+    if rest:
+        layers.add_row(f"({len(rest)} more)", format_size(sum(r["bytes"] for r in rest)), "", "")
+    out.print(layers)
+    largest = Table(title="Largest tensors alive at the peak", title_justify="left")
+    for column in ("size", "kind", "layer", "shape", "dtype", "made by"):
+        largest.add_column(column, justify="right" if column == "size" else "left")
+    for row in e.largest:
+        shape = "x".join(str(d) for d in row["shape"]) if row.get("shape") else "-"
+        largest.add_row(
+            format_size(row["bytes"]),
+            row["kind"].replace("_", " "),
+            escape(row["layer"]),
+            shape,
+            row.get("dtype") or "-",
+            escape(_short_op(row["op"])),
+        )
+    out.print(largest)
+    if e.top_layers:
+        t = e.top_layers
+        out.print(
+            f"top {len(t['measured'])} layers: measured {', '.join(t['measured'])}; estimated "
+            f"{', '.join(t['estimated'])} ({t['common']} shared)"
+        )
+    elif estimate.get("error"):
+        out.print(f"the estimate of the same step failed: {escape(estimate['error'])}")
+    for note in e.notes:
+        out.print(f"note: {escape(note)}")
+
+
+def _short_op(name: str, keep: int = 3) -> str:
+    """An op's name without TensorFlow's call wrappers, its last `keep` scopes."""
+    parts = [
+        p
+        for p in name.split("/")
+        if not p.startswith(("StatefulPartitionedCall", "PartitionedCall"))
+    ]
+    return "/".join(parts[-keep:])
 
 
 def _render_measurements(model: str, results: list[Any]) -> None:
@@ -457,10 +560,12 @@ def batch(
             )
             err.print(
                 f"  trial {trial.batch_size:>6}: {verdict}  peak {format_size(trial.peak_bytes)}"
+                + (f"  (over {soak_steps} steps" if trial.soak else "")
                 + (
-                    f"  (predicted {format_size(trial.predicted_peak_bytes)})"
+                    f"{', ' if trial.soak else '  ('}predicted "
+                    f"{format_size(trial.predicted_peak_bytes)})"
                     if trial.predicted_peak_bytes
-                    else f"  (over {soak_steps} steps)"
+                    else ")"
                     if trial.soak
                     else ""
                 )
@@ -850,15 +955,21 @@ def report(run: str, out_path: str | None, as_json: bool) -> None:
     nothing fetched) shows memory over the steps with the budget and OOM/recovery marks, step
     time and input wait, the loss, each finding with its cause and fix, and the run's
     configuration; a log of several fits (one Watch reused) gets one section per fit.
+    RUN may also be the JSON that `memfit measure --explain --json` printed: the page then
+    shows what was alive at each measured peak, beside the estimate.
     """
     from rich.markup import escape
 
-    from memfit.report import load_log, log_to_dict, write_html
+    from memfit.report import load_log, load_measurements, log_to_dict, write_html
 
-    runs = load_log(run)
     if out_path is None:
-        base = run[: -len(".jsonl")] if run.endswith(".jsonl") else run
+        base = run.rsplit(".", 1)[0] if run.endswith((".jsonl", ".json")) else run
         out_path = base + ".html"
+    measurements = load_measurements(run)
+    if measurements is not None:
+        _report_measurements(run, measurements, out_path, as_json)
+        return
+    runs = load_log(run)
     written = write_html(runs, out_path)
     if as_json:
         _print_json({**log_to_dict(runs), "html_path": written})
@@ -866,6 +977,31 @@ def report(run: str, out_path: str | None, as_json: bool) -> None:
     for loaded in runs:
         _render_report(loaded, len(runs))
     out.print(f"wrote {escape(written)}")
+
+
+def _report_measurements(
+    path: str, measurements: list[dict[str, Any]], out_path: str, as_json: bool
+) -> None:
+    """`memfit report` on `memfit measure --json` output: its page and its explanations."""
+    from rich.markup import escape
+
+    from memfit.explain import Explanation
+    from memfit.report import build_measure_html
+
+    directory = os.path.dirname(os.path.abspath(out_path))
+    if not os.path.isdir(directory):
+        raise MemfitError(f"cannot write {out_path}: folder {directory} does not exist")
+    with open(out_path, "w", encoding="utf-8") as handle:
+        handle.write(build_measure_html(measurements, os.path.basename(path)))
+    if as_json:
+        _print_json({"measurements": measurements, "html_path": out_path})
+        return
+    for m in measurements:
+        if m.get("explanation"):
+            _render_explanation(m["batch_size"], Explanation.from_dict(m["explanation"]))
+        else:
+            out.print(f"batch {m.get('batch_size')}: measured without --explain")
+    out.print(f"wrote {escape(out_path)}")
 
 
 def _render_report(run: Any, fits: int) -> None:

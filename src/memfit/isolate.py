@@ -390,6 +390,7 @@ def measure_in_child(
     classes: int | None = None,
     safe_mode: bool = True,
     recompute: Any = None,
+    explain: bool = False,
 ) -> Any:
     """`memfit.measure(..., isolated=True)`: the measurement made in a fresh child process.
 
@@ -419,6 +420,7 @@ def measure_in_child(
                 "classes": classes,
                 "safe_mode": bool(safe_mode),
                 **({"recompute": _recompute_option(recompute)} if recompute else {}),
+                "explain": bool(explain),
             },
             budget=budget,
         )
@@ -464,6 +466,10 @@ def measurement_from_child(result: dict[str, Any], batch_size: int, budget: Budg
         if key not in Measurement.__dataclass_fields__:
             result.pop(key)
     measurement = Measurement(**result)
+    if measurement.explanation is not None:
+        from memfit.explain import Explanation
+
+        measurement.explanation = Explanation.from_dict(measurement.explanation)
     measurement.budget = (
         Budget(**{**budget_data, "notes": tuple(budget_data["notes"])}) if budget_data else budget
     )

@@ -40,6 +40,8 @@ class Measurement:
         input_shapes: shape of one sample per input.
         leaked_bytes: device bytes still held after the measurement compared with before
             (0 when memfit cleaned up fully).
+        explanation: with `explain=True`, what was alive at the peak
+            (`memfit.explain.Explanation`); None otherwise, or when the step ran out of memory.
     """
 
     batch_size: int
@@ -54,6 +56,7 @@ class Measurement:
     input_shapes: list[list[int]] = field(default_factory=list)
     leaked_bytes: int = 0
     trace_seconds: float | None = None
+    explanation: Any = None
 
     @property
     def step_bytes(self) -> int | None:
@@ -84,6 +87,7 @@ class Measurement:
         )
         data["headroom_bytes"] = self.headroom_bytes
         data["repeats"] = len(self.peaks_bytes)
+        data["explanation"] = self.explanation.to_dict() if self.explanation else None
         return data
 
     def __str__(self) -> str:
@@ -117,6 +121,7 @@ def measure(
     micro_batches: int = 1,
     on_progress: Callable[[str], None] | None = None,
     recompute: Any = None,
+    explain: bool = False,
 ) -> Measurement:
     """Run one real training step of `model` at `batch_size` and measure its peak memory.
 
@@ -155,6 +160,10 @@ def measure(
         recompute: measure the step with memfit's recompute (gradient checkpointing): a
             `segments=` policy of `memfit.recompute` (`"sqrt"`, a count, a size, layer
             names; True means `"sqrt"`), or (in process) a `memfit.Recompute` of `model`.
+        explain: also run one step under TensorFlow's profiler and list what was alive at
+            its peak, by layer and kind, beside `memfit.estimate`'s breakdown of the same
+            step (`Measurement.explanation`; see `memfit.explain`). Needs the BFC allocator
+            (a GPU, or a CPU under a memfit budget).
 
     Returns:
         A `Measurement`; `oom=True` when the step ran out of memory.
@@ -186,6 +195,7 @@ def measure(
             worst_case=worst_case,
             micro_batches=micro_batches,
             recompute=recompute,
+            explain=explain,
         )
     if isinstance(model, str):
         raise WorkloadError(
@@ -209,6 +219,7 @@ def measure(
         budget=as_budget(budget) or emulated_budget(),
         progress=progress,
         micro_batches=micro_batches,
+        explain=explain,
     )
 
 
@@ -234,6 +245,7 @@ def measure_workload(
     warm_up_batch: int | None = None,
     step_kind: str | None = None,
     continuous: bool = False,
+    explain: bool = False,
 ) -> Measurement:
     """Measure a prepared Workload (see `measure`); reuses its ranked samples and traces.
 
@@ -258,10 +270,20 @@ def measure_workload(
     has that one value): there one step's memory can still be held when the next starts.
     MobileNetV2 64 px, batch 36, 20 steps of `model.fit` (one thread each pool): 254 MiB
     back to back, 236 MiB with a callback reading the allocator after every step.
+
+    `explain=True` runs the measured steps (not the warm-up) under TensorFlow's profiler and
+    sets `Measurement.explanation` from its allocator records: the tensors alive at the
+    highest of their peaks, which is `peak_bytes` (see `memfit.explain`). The profiler's
+    overhead is then in `step_seconds`.
     """
     tf = tfb.import_tf()
     model = workload.model
     tfb.require_memory_stats(device)
+    recorder = None
+    if explain:
+        from memfit.backend.tf_profile import AllocationRecorder
+
+        recorder = AllocationRecorder(device)  # says now when there is no profiler
     _build_optimizer(model)
     state = workload.state_variables()
 
@@ -324,6 +346,8 @@ def measure_workload(
                     else f"batch {batch_size}: step {index}/{repeats}"
                 )
                 last = index == repeats
+                if recorder is not None and index == 1:
+                    recorder.start()  # the measured steps are explained, not the warm-up
                 if not continuous or index <= 1:
                     tfb.reset_peak(device)
                     start = time.perf_counter()
@@ -352,8 +376,13 @@ def measure_workload(
                 # Back to back, the time and the peak are over all the measured steps.
                 times.append(elapsed / (repeats if continuous else 1))
                 result.peaks_bytes.append(peak)
+            if recorder is not None and not result.oom:
+                progress(f"batch {batch_size}: reading the profile to explain the peak")
+                result.explanation = _explain(workload, recorder.stop(), device, batch_size, result)
             del data, warm_data, x, y
     finally:
+        if recorder is not None:
+            recorder.close()
         if saved is not None:
             _restore(state, saved)
         workload.release_fit_step()
@@ -365,6 +394,21 @@ def measure_workload(
     after = tfb.memory_info(device)
     result.leaked_bytes = (after["current"] - resident) if after else 0
     return result
+
+
+def _explain(
+    workload: Workload, records: list[Any], device: str, batch_size: int, result: Measurement
+) -> Any:
+    """What was alive at the measured steps' peak, from their allocator records."""
+    from memfit.explain import explain_records
+
+    return explain_records(
+        workload,
+        records,
+        device=device,
+        batch_size=int(batch_size),
+        measured_peak_bytes=max(result.peaks_bytes) if result.peaks_bytes else None,
+    )
 
 
 def _restore(variables: list[Any], values: list[np.ndarray]) -> None:

@@ -7,6 +7,7 @@ inline CSS. Every value that comes from the log (run and model names, messages) 
 from __future__ import annotations
 
 import html
+import json
 import math
 import os
 from collections.abc import Sequence
@@ -20,7 +21,15 @@ from memfit.watch.log import Run, read_log
 MIB = 1024 * 1024
 MAX_POINTS = 1500  # per line in a plot; longer series are reduced to min/max per bucket
 
-__all__ = ["Run", "build_html", "load_log", "log_to_dict", "write_html"]
+__all__ = [
+    "Run",
+    "build_html",
+    "build_measure_html",
+    "load_log",
+    "load_measurements",
+    "log_to_dict",
+    "write_html",
+]
 
 
 def load_log(path: str | os.PathLike[str]) -> list[Run]:
@@ -68,6 +77,131 @@ def log_to_dict(runs: Sequence[Run]) -> dict[str, Any]:
         "findings": [{**f, "run": run.index} for run in runs for f in run.findings],
         "runs": [run.to_dict() for run in runs],
     }
+
+
+def load_measurements(path: str | os.PathLike[str]) -> list[dict[str, Any]] | None:
+    """The measurements of a `memfit measure --json` file; None when `path` is not one.
+
+    Such a file is one JSON object (a measurement, or `{"measurements": [...]}`); a watch
+    log is JSON lines. With `--explain`, each measurement holds its `explanation`.
+
+    Args:
+        path: the file `memfit measure ... --json > FILE` wrote.
+
+    Example:
+        ```python
+        found = load_measurements("measure.json")
+        ```
+    """
+    try:
+        with open(os.fspath(path), encoding="utf-8") as handle:
+            data = json.load(handle)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    if isinstance(data, dict) and isinstance(data.get("measurements"), list):
+        data = data["measurements"]
+    items = data if isinstance(data, list) else [data]
+    if not items or not all(isinstance(m, dict) and "peak_bytes" in m for m in items):
+        return None
+    return items
+
+
+def build_measure_html(measurements: Sequence[dict[str, Any]], name: str) -> str:
+    """A page for `memfit measure --json` output: each batch, and what was alive at its peak.
+
+    Args:
+        measurements: what `load_measurements` read.
+        name: what was measured (shown as the title).
+
+    Example:
+        ```python
+        page = build_measure_html(load_measurements("measure.json"), "MobileNetV2")
+        ```
+    """
+    e = _esc
+    parts = [
+        "<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>",
+        f"<title>memfit measure: {e(name)}</title><style>{_CSS}</style></head><body>",
+        f"<h1>memfit measure: <span class='name'>{e(name)}</span></h1>",
+    ]
+    for m in measurements:
+        parts.append(f"<h2>Batch {e(m.get('batch_size'))}</h2>")
+        parts.append(
+            _table(
+                [
+                    ("peak", "out of memory" if m.get("oom") else _size(m.get("peak_bytes"))),
+                    ("resident before the step", _size(m.get("resident_bytes"))),
+                    ("device", m.get("device")),
+                ]
+            )
+        )
+        if m.get("explanation"):
+            parts.append(explanation_html(m["explanation"]))
+        else:
+            parts.append("<p class='note'>Measured without --explain: no live set.</p>")
+    parts.append("<p class='foot'>Written by memfit report from memfit measure --json.</p>")
+    parts.append("</body></html>")
+    return "\n".join(parts)
+
+
+def explanation_html(explanation: dict[str, Any], top: int = 15) -> str:
+    """What was alive at a measured peak (`Explanation.to_dict()`), beside the estimate."""
+    e = _esc
+    estimate = explanation.get("estimate") or {}
+    breakdown = estimate.get("breakdown") or {}
+    listed = explanation.get("listed_bytes") or 0
+    out = [
+        "<h3>What was alive at the peak</h3>",
+        f"<p class='sub'>{e(_size(listed))} listed, measured peak "
+        f"{e(_size(explanation.get('measured_peak_bytes')))}; "
+        f"{e(explanation.get('tensors'))} tensors made by the step besides resident state; "
+        f"the peak came at {e(explanation.get('peak_op'))}</p>",
+        "<table><tr><th>kind</th><th>measured</th><th>estimate</th></tr>",
+    ]
+    for key, nbytes in (explanation.get("by_kind") or {}).items():
+        guess = breakdown.get(key)
+        if nbytes or guess:
+            out.append(
+                f"<tr><td>{e(key[: -len('_bytes')].replace('_', ' '))}</td>"
+                f"<td>{e(_size(nbytes))}</td><td>{e(_size(guess))}</td></tr>"
+            )
+    out.append(
+        f"<tr><th>total</th><th>{e(_size(listed))}</th>"
+        f"<th>{e(_size(estimate.get('peak_bytes')))}</th></tr></table>"
+    )
+    guesses = {row["layer"]: row.get("bytes") for row in estimate.get("per_layer") or []}
+    out.append("<table><tr><th>layer</th><th>measured</th><th>estimate</th></tr>")
+    rows = explanation.get("per_layer") or []
+    for row in rows[:top]:
+        out.append(
+            f"<tr><td>{e(row['layer'])}</td><td>{e(_size(row['bytes']))}</td>"
+            f"<td>{e(_size(guesses.get(row['layer'])))}</td></tr>"
+        )
+    if len(rows) > top:
+        rest = sum(r["bytes"] for r in rows[top:])
+        out.append(f"<tr><td>({len(rows) - top} more)</td><td>{e(_size(rest))}</td><td></td></tr>")
+    out.append("</table>")
+    out.append(
+        "<table><tr><th>size</th><th>kind</th><th>layer</th><th>shape</th><th>dtype</th>"
+        "<th>made by</th></tr>"
+    )
+    for row in explanation.get("largest") or []:
+        shape = "x".join(str(d) for d in row.get("shape") or []) or "-"
+        out.append(
+            f"<tr><td>{e(_size(row['bytes']))}</td><td>{e(row['kind'])}</td>"
+            f"<td>{e(row['layer'])}</td><td>{e(shape)}</td><td>{e(row.get('dtype'))}</td>"
+            f"<td>{e(row['op'])}</td></tr>"
+        )
+    out.append("</table>")
+    agreement = explanation.get("top_layers")
+    if agreement:
+        out.append(
+            f"<p>Top layers measured: {e(', '.join(agreement['measured']))}; estimated: "
+            f"{e(', '.join(agreement['estimated']))} ({e(agreement['common'])} shared).</p>"
+        )
+    for note in explanation.get("notes") or []:
+        out.append(f"<p class='note'>{e(note)}</p>")
+    return "\n".join(out)
 
 
 # -- HTML -------------------------------------------------------------------------------------
@@ -234,6 +368,8 @@ def _run_html(run: Run, add: Any, several: bool) -> None:
         ("log", run.path),
     ]
     add(_table(config_rows))
+    for explanation in run.explanations:
+        add(explanation_html(explanation))
     if _num(header.get("estimate_peak_bytes")):
         add("<h2>Estimate vs measured</h2>")
         peak = summary["peak_bytes"]

@@ -147,6 +147,8 @@ class Run:
         epochs: one dict per finished epoch.
         end: the closing summary line, when the run ended cleanly.
         index: which run of the file it is (0 for the first).
+        explanations: `{"type": "explain", ...}` lines: what was alive at a measured peak
+            (`memfit.explain.Explanation.to_dict()`), shown in the report.
     """
 
     path: str
@@ -156,6 +158,7 @@ class Run:
     epochs: list[dict[str, Any]] = field(default_factory=list)
     end: dict[str, Any] | None = None
     index: int = 0
+    explanations: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def name(self) -> str:
@@ -261,4 +264,6 @@ def read_log(path: str | os.PathLike[str]) -> list[Run]:
             run.epochs.append(data)
         elif kind == "end":
             run.end = data
+        elif kind == "explain":  # a `Measurement.explanation.to_dict()`, shown by the report
+            run.explanations.append(data)
     return runs
