@@ -110,18 +110,40 @@ def __getattr__(name: str) -> object:
     raise AttributeError(f"module 'memfit' has no attribute {name!r}")
 
 
-def _emulate_from_environment() -> None:
+# A bad MEMFIT_MEMORY / MEMFIT_DEVICE under the `memfit` command: kept here for `cli.main`,
+# which prints it as one `memfit: error:` line (exit 2). `import memfit` itself never exits.
+_environment_error: MemfitError | None = None
+
+
+def _invoked_as_cli() -> bool:
+    """Whether this process is the `memfit` command (console script or `python -m memfit`)."""
     import os
     import sys
 
+    script = os.path.basename(sys.argv[0] if sys.argv else "")
+    if script in ("memfit", "memfit.exe", "memfit-script.py"):
+        return True
+    argv = list(getattr(sys, "orig_argv", ()))[1:]
+    while argv:
+        arg = argv.pop(0)
+        if arg in ("-W", "-X"):  # the interpreter's options that take a value
+            argv = argv[1:]
+        elif arg.startswith("-m"):
+            module = arg[2:] or (argv[0] if argv else "")
+            return module in ("memfit", "memfit.__main__")
+        elif arg.startswith("-c") or arg == "-" or not arg.startswith("-"):
+            return False  # python -c CODE, python SCRIPT: not the command
+    return False
+
+
+def _emulate_from_environment() -> None:
+    global _environment_error
     try:
         emulate_from_environment()
     except MemfitError as error:
-        # Under the `memfit` command a bad MEMFIT_MEMORY is a one-line error, not a traceback.
-        if os.path.basename(sys.argv[0] if sys.argv else "") in ("memfit", "-m", "__main__.py"):
-            print(f"memfit: error: {error}", file=sys.stderr)
-            raise SystemExit(2) from None
-        raise
+        if not _invoked_as_cli():
+            raise
+        _environment_error = error
 
 
 _emulate_from_environment()

@@ -1246,6 +1246,10 @@ def main(argv: list[str] | None = None) -> None:
     """Run the CLI: user errors become one line on stderr and exit status 2."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     warnings.showwarning = _show_warning
+    import memfit
+
+    if memfit._environment_error is not None:  # a bad MEMFIT_MEMORY / MEMFIT_DEVICE
+        _fail(str(memfit._environment_error), 2)
     try:
         cli.main(args=argv, prog_name="memfit", standalone_mode=False)
     except click.exceptions.Exit as exc:
