@@ -777,6 +777,13 @@ def data() -> None:
     help="Batch size for the memory figures.",
 )
 @click.option("--no-decode", is_flag=True, help="Do not decode images (faster, checks less).")
+@click.option(
+    "--max-pixels",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Images with more pixels (read from their header) are problems and are not decoded "
+    "(default 89478485, Pillow's limit: 256 MiB decoded as uint8 RGB).",
+)
 @json_option
 def data_check(
     paths: tuple[str, ...],
@@ -785,6 +792,7 @@ def data_check(
     model: str | None,
     batch_size: int,
     no_decode: bool,
+    max_pixels: int | None,
     as_json: bool,
 ) -> None:
     """Check TFRecord files (plain or gzip) record by record: every problem with file and index.
@@ -793,6 +801,7 @@ def data_check(
     """
     from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn
 
+    from memfit.data.check import MAX_PIXELS
     from memfit.data.check import check as run_check
 
     if model is not None:
@@ -819,6 +828,7 @@ def data_check(
             batch_size=batch_size,
             decode=not no_decode,
             on_progress=advance,
+            max_pixels=max_pixels or MAX_PIXELS,
         )
     if as_json:
         _print_json(result.to_dict())

@@ -221,3 +221,71 @@ def test_read_records_matches_tensorflow_on_sound_files(dataset):
     ours = [r.data for r in read_records(path)]
     theirs = [bytes(x.numpy()) for x in tf.data.TFRecordDataset(path)]
     assert ours == theirs and len(ours) == 6
+
+
+def _flat_png(height: int, width: int) -> bytes:
+    """A real grayscale PNG of one flat colour: tiny on disk, huge decoded."""
+    import struct
+    import zlib
+
+    pack = zlib.compressobj(9)
+    row = b"\x00" * (width + 1)  # filter byte + one byte per pixel
+    body = b"".join(pack.compress(row) for _ in range(height)) + pack.flush()
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        crc = zlib.crc32(kind + data) & 0xFFFFFFFF
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", crc)
+
+    header = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)
+    signature = b"\x89PNG\r\n\x1a\n"
+    return signature + chunk(b"IHDR", header) + chunk(b"IDAT", body) + chunk(b"IEND", b"")
+
+
+def test_image_size_reads_headers_without_decoding():
+    from memfit.data.check import image_size
+
+    rng = np.random.default_rng(0)
+    image = rng.integers(0, 255, (37, 53, 3), dtype=np.uint8)
+    for fmt in ("jpeg", "png"):
+        assert image_size(synth.encode_image(image, fmt)) == (37, 53)
+    assert image_size(_flat_png(20, 30000)) == (20, 30000)
+    assert image_size(b"GIF89a" + (640).to_bytes(2, "little") + (480).to_bytes(2, "little")) == (
+        480,
+        640,
+    )
+    assert image_size(b"\xff\xd8\xff") is None and image_size(b"not an image") is None
+
+
+def test_empty_file_and_huge_image_are_problems(tmp_path):
+    # A new user's findings (issue 20): a 0-byte .tfrecord said "no problems"; a 20000x20000
+    # PNG of 389 KB was decoded to 1.1 GiB of RAM without a word.
+    empty = tmp_path / "empty.tfrecord"
+    empty.write_bytes(b"")
+    png = _flat_png(20000, 20000)
+    assert len(png) < 400_000
+    huge = write_records(
+        str(tmp_path / "huge.tfrecord"),
+        [
+            _example(64, 96, [[8, 8, 40, 60]], [1]),
+            synth.od_api_example(png, 20000, 20000, [[8, 8, 40, 60]], [1], image_format="png"),
+        ],
+    )
+    result = memfit.data.check([str(empty), huge])
+    assert not result.ok
+    found = _found(result)
+    assert ("no_records", "empty.tfrecord", -1) in found
+    assert ("huge_image", "huge.tfrecord", 1) in found
+    message = next(p.message for p in result.problems if p.kind == "huge_image")
+    assert "20000x20000" in message and "1.12 GiB" in message and "not decoded" in message
+    assert result.records == 2 and result.valid_records == 1
+    # Its size still counts, read from the header: it is the largest image.
+    assert (result.largest[0].height, result.largest[0].width) == (20000, 20000)
+    # A lower limit makes a 64x96 image huge too; a higher one lets the big one be decoded
+    # (not run here: 400 MB).
+    small = memfit.data.check([huge], max_pixels=1000)
+    assert {p.index for p in small.problems if p.kind == "huge_image"} == {0, 1}
+
+    proc = run_cli("data", "check", str(empty), "--json")
+    assert proc.returncode == 1, proc.stderr
+    payload = json.loads(proc.stdout)
+    assert [p["kind"] for p in payload["problems"]] == ["no_records"]

@@ -4,10 +4,12 @@
 each record against a schema (the TensorFlow Object Detection API's by default): damaged
 records, records that are not `tf.train.Example`s, missing features or features of the wrong
 type, images that do not decode or whose size disagrees with `image/height`/`image/width`,
-boxes outside [0, 1] or with min > max, images without objects, class ids missing from the
-label map. It never stops at the first bad record: each problem names its file and record
-index. It also gathers resolution and objects-per-image histograms and the largest images,
-and with a MODEL, what the largest image means for memory (measured in a child process).
+images so large that decoding them would take gigabytes (read from the image's header, never
+decoded), files that hold no records, boxes outside [0, 1] or with min > max, images without
+objects, class ids missing from the label map. It never stops at the first bad record: each
+problem names its file and record index. It also gathers resolution and objects-per-image
+histograms and the largest images, and with a MODEL, what the largest image means for memory
+(measured in a child process).
 """
 
 from __future__ import annotations
@@ -37,6 +39,10 @@ LARGEST = 5
 # A model that takes any size is measured at the largest image's own size up to this many
 # pixels (640 x 640); beyond, at a reference size, scaled by pixel count.
 DIRECT_PIXELS = 640 * 640
+# An image over this many pixels is a problem and is not decoded: Pillow's decompression-bomb
+# limit (89.5 million pixels; 256 MiB decoded as uint8 RGB). A 20000x20000 PNG of flat colour
+# is 389 KB on disk and 1.1 GiB decoded.
+MAX_PIXELS = 1024 * 1024 * 1024 // 4 // 3
 _RESOLUTION_BINS = (256, 512, 1024, 2048, 4096)
 _OBJECT_BINS = (0, 1, 2, 4, 8, 16, 32, 64, 128)
 _LABEL = "image/object/class/label"
@@ -193,6 +199,7 @@ def check(
     workers: int | None = None,
     decode: bool = True,
     on_progress: Callable[[int, int], None] | None = None,
+    max_pixels: int = MAX_PIXELS,
 ) -> CheckResult:
     """Check TFRecord files of detection examples; report every bad record with file and index.
 
@@ -212,6 +219,9 @@ def check(
         workers: files read at once (default: up to 8, one per file).
         decode: decode every image (finds undecodable images and wrong sizes; slower).
         on_progress: called with `(bytes_done, bytes_total)` as files are read.
+        max_pixels: an image with more pixels than this, read from its header (PNG, JPEG,
+            GIF, BMP), is a `huge_image` problem and is not decoded (default `MAX_PIXELS`,
+            89.5 million: 256 MiB decoded as uint8 RGB).
 
     Returns:
         A `CheckResult`; `result.ok` is False when any record has an error.
@@ -246,7 +256,7 @@ def check(
                 on_progress(min(done[0], total), total)
 
     def one(path: str) -> _FileResult:
-        return _check_file(tf, path, features, classes, decode, advance)
+        return _check_file(tf, path, features, classes, decode, advance, max_pixels)
 
     with ThreadPoolExecutor(max_workers=workers or min(8, len(files))) as pool:
         results = list(pool.map(one, files))
@@ -282,6 +292,7 @@ def _check_file(
     classes: dict[int, str] | None,
     decode: bool,
     advance: Callable[[int], None],
+    max_pixels: int = MAX_PIXELS,
 ) -> _FileResult:
     out = _FileResult()
     try:
@@ -295,7 +306,7 @@ def _check_file(
                 )
                 continue
             problems, info, count = _check_example(
-                tf, path, record.index, record.data, features, classes, decode
+                tf, path, record.index, record.data, features, classes, decode, max_pixels
             )
             out.problems.extend(problems)
             if info is not None:
@@ -306,6 +317,18 @@ def _check_file(
                 out.valid += 1
     except OSError as exc:
         out.problems.append(Problem("unreadable_file", path, -1, f"cannot read the file: {exc}"))
+    if out.records == 0 and not out.problems:
+        size = os.path.getsize(path)
+        out.problems.append(
+            Problem(
+                "no_records",
+                path,
+                -1,
+                f"the file holds no records ({size} bytes"
+                + (", empty" if size == 0 else "")
+                + "): training on it sees no data; check how it was written",
+            )
+        )
     return out
 
 
@@ -328,6 +351,7 @@ def _check_example(
     features: Sequence[Feature],
     classes: dict[int, str] | None,
     decode: bool,
+    max_pixels: int = MAX_PIXELS,
 ) -> tuple[list[Problem], ImageInfo | None, int | None]:
     from google.protobuf.message import DecodeError
 
@@ -388,6 +412,25 @@ def _check_example(
         add("bad_size", f"image/height and image/width are {height}x{width}")
         height = width = None
     encoded = values.get("image/encoded", [None])[0]
+    header = image_size(encoded) if encoded is not None else None
+    if header is not None and header[0] * header[1] > max_pixels:
+        # Decoding it would take the RAM the header announces: report it from the header.
+        rows, cols = header
+        add(
+            "huge_image",
+            f"image/encoded is {cols}x{rows} (W x H, {rows * cols / 1e6:.0f} million pixels) "
+            f"in {format_size(len(encoded))}: decoded it takes {format_size(rows * cols * 3)} "
+            f"(uint8 RGB), more than the {max_pixels / 1e6:.1f}-million-pixel limit, so it "
+            f"was not decoded; resize it (or raise max_pixels / --max-pixels if it is meant)",
+        )
+        if height is not None and (height, width) != header:
+            add(
+                "size_mismatch",
+                f"image/height x image/width say {height}x{width}, the image header says "
+                f"{rows}x{cols} (height x width)",
+            )
+        height, width = header
+        encoded = None  # not decoded
     if encoded is not None and decode:
         try:
             shape = tf.io.decode_image(encoded, expand_animations=False).shape
@@ -415,6 +458,70 @@ def _check_example(
     if height is not None and width is not None:
         info = ImageInfo(path, index, int(height), int(width), int(height) * int(width) * 3)
     return problems, info, count
+
+
+def image_size(encoded: bytes) -> tuple[int, int] | None:
+    """An encoded image's `(height, width)` read from its header, without decoding it.
+
+    Reads PNG (IHDR), JPEG (the first SOF marker), GIF and BMP headers; other formats, and
+    headers cut short, give None.
+
+    Args:
+        encoded: the image file's bytes (e.g. a record's `image/encoded`).
+
+    Example:
+        >>> image_size(open("photo.jpg", "rb").read())
+        (3000, 4000)
+    """
+    import struct
+
+    kind = _sniff(encoded)
+    try:
+        if kind == "png" and encoded[12:16] == b"IHDR":
+            width, height = struct.unpack(">II", encoded[16:24])
+            return height, width
+        if kind == "gif":
+            width, height = struct.unpack("<HH", encoded[6:10])
+            return height, width
+        if kind == "bmp":
+            if struct.unpack("<I", encoded[14:18])[0] == 12:  # BITMAPCOREHEADER
+                width, height = struct.unpack("<HH", encoded[18:22])
+            else:
+                width, height = struct.unpack("<ii", encoded[18:26])
+            return abs(height), abs(width)
+        if kind == "jpeg":
+            return _jpeg_size(encoded)
+    except struct.error:
+        return None
+    return None
+
+
+# JPEG start-of-frame markers (baseline, progressive, lossless, arithmetic): they carry the size.
+_SOF = {0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF}
+
+
+def _jpeg_size(encoded: bytes) -> tuple[int, int] | None:
+    import struct
+
+    at = 2
+    while at + 4 <= len(encoded):
+        if encoded[at] != 0xFF:
+            return None
+        marker = encoded[at + 1]
+        if marker == 0xFF:  # fill byte
+            at += 1
+            continue
+        if marker == 0xDA:  # start of scan: no frame header before the image data
+            return None
+        if marker in (0x01, *range(0xD0, 0xDA)):  # no length: TEM, RSTn, SOI, EOI
+            at += 2
+            continue
+        (length,) = struct.unpack(">H", encoded[at + 2 : at + 4])
+        if marker in _SOF:
+            height, width = struct.unpack(">HH", encoded[at + 5 : at + 9])
+            return height, width
+        at += 2 + length
+    return None
 
 
 def _sniff(encoded: bytes) -> str | None:
