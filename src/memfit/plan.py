@@ -22,6 +22,7 @@ from typing import Any
 
 from memfit.budget import Budget, as_budget, emulated_budget
 from memfit.errors import MeasurementError, MemfitError
+from memfit.progress import Progress, shows_progress
 from memfit.sizes import format_size
 
 DEFAULT_MARGIN = 0.05
@@ -220,6 +221,15 @@ class Plan:
         return text + (f". {self.note}" if self.note else "")
 
 
+@shows_progress(
+    "on_candidate",
+    lambda a: (
+        f"planning batch {a['batch_size']}"
+        + (f" for {a['budget']}" if a["budget"] is not None else "")
+        + ": estimating, measuring, confirming"
+    ),
+    "candidate",
+)
 def plan(
     model: Any,
     batch_size: int,
@@ -238,6 +248,7 @@ def plan(
     safe_mode: bool = True,
     confirm: bool = True,
     confirm_steps: int = DEFAULT_CONFIRM_STEPS,
+    progress: Progress = None,
 ) -> Plan:
     """Plan K (micro-batches), precision and recompute for a target effective batch.
 
@@ -278,6 +289,9 @@ def plan(
         confirm: train the chosen configuration `confirm_steps` steps of `memfit.fit` in a
             fresh process before answering (default True).
         confirm_steps: steps of the confirmation run (default 20).
+        progress: a spinner and one line per candidate on stderr, as the CLI shows them;
+            default on when stderr is a terminal and no `on_candidate` is given; False turns
+            it off, a callable receives each `Candidate` instead (`memfit.progress`).
 
     Returns:
         A `Plan`; build the model in `plan.build_scope()` and pass the plan to

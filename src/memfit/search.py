@@ -14,6 +14,7 @@ from memfit.backend import tf as tfb
 from memfit.budget import Budget, as_budget, emulated_budget
 from memfit.errors import MemfitError, WorkloadError
 from memfit.measure import Measurement, measure_workload
+from memfit.progress import Progress, shows_progress
 from memfit.sizes import format_size
 from memfit.workload import InputShape, Workload
 
@@ -182,6 +183,14 @@ def _at_least(result: BatchSearchResult) -> str:
     return ("more than " if first.oom else "") + format_size(first.peak_bytes)
 
 
+@shows_progress(
+    "on_trial",
+    lambda a: (
+        "finding the largest batch size"
+        + (f" for {a['budget']}" if a["budget"] is not None else "")
+    ),
+    "trial",
+)
 def find_batch_size(
     model: Any,
     budget: Budget | str | int | None = None,
@@ -197,6 +206,7 @@ def find_batch_size(
     on_trial: Callable[[Trial], None] | None = None,
     classes: int | None = None,
     safe_mode: bool = True,
+    progress: Progress = None,
 ) -> BatchSearchResult:
     """Find the largest batch size whose training step fits the budget, from measurements.
 
@@ -246,6 +256,9 @@ def find_batch_size(
         classes: classes of a built-in MODEL string (`isolated=True`).
         safe_mode: False lets the child load a trusted `.keras` file (or the saved copy of
             a model) that runs Python code, such as a Lambda layer.
+        progress: a spinner and one line per trial on stderr, as the CLI shows them; default
+            on when stderr is a terminal and no `on_trial` is given; False turns it off, a
+            callable receives each `Trial` instead (`memfit.progress`).
 
     Returns:
         A `BatchSearchResult`; `batch_size == 0` when even batch 1 does not fit.
