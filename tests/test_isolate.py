@@ -68,3 +68,22 @@ def test_a_log_line_of_an_allocation_the_caller_can_do_without_is_no_oom():
     assert not _is_oom_line(benign)
     assert _is_oom_line(fatal)
     assert _is_oom_line("OOM when allocating tensor with shape[16,12276,20]")
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="thread states from /proc")
+def test_a_quiet_process_is_a_stall_only_while_memory_is_short():
+    # Tearing down a step's iterator left a child quiet for seconds with a tenth of its budget
+    # in use, and the watch answered an OOM for a step that had fitted: a quiet spell counts
+    # only while `pressed()` says memory is short.
+    from memfit.backend.tf import AllocatorStallWatch
+
+    for short in (False, True):
+        calls: list[float] = []
+        with AllocatorStallWatch(
+            lambda calls=calls: calls.append(time.monotonic()),
+            window=0.3,
+            interval=0.05,
+            pressed=lambda short=short: short,
+        ) as watch:
+            time.sleep(1.0)  # this process does nothing meanwhile
+        assert watch.stalled is short and len(calls) == int(short)

@@ -152,10 +152,10 @@ def open_measurer(
     ) -> dict[str, Any]:
         _check_batch_size(batch_size)
         tfb.require_memory_stats(device)
-        # Not under --explain: after profiled steps, freeing the step's function sat idle
-        # for seconds (MobileNetV2, TF 2.21), which the stall watch took for an OOM.
-        stall = _stall_exits(device, info["current"] if info else 0)
-        with contextlib.nullcontext() if explain else stall:
+        stall = _stall_exits(
+            device, info["current"] if info else 0, budget.usable_bytes if budget else None
+        )
+        with stall:
             return measure_workload(
                 workload,
                 int(batch_size),
@@ -388,12 +388,18 @@ def confirm_plan(
 # Where the call being answered writes its result. `main` runs as `__main__` and fills the
 # list of the imported `memfit._child`, the module the handlers come from.
 _answer_path: list[str] = []
+# Share of the budget in use from which a quiet child is taken to wait for memory.
+STALL_PRESSURE = 0.5
 
 
-def _stall_exits(device: str, resident: int) -> Any:
+def _stall_exits(device: str, resident: int, limit: int | None = None) -> Any:
     """Around a measurement in this child: when the step stalls in TensorFlow's allocator
     retry (an OOM is then certain, see `AllocatorStallWatch`), answer OOM now and end the
-    process instead of waiting out the 10 s retry. The child is used up after an OOM anyway."""
+    process instead of waiting out the 10 s retry. The child is used up after an OOM anyway.
+
+    With the budget's `limit`, a quiet spell counts only while at least `STALL_PRESSURE` of
+    it is in use: a request refused with more than that free would be a single tensor larger
+    than the rest of the step, and TensorFlow then raises after its retry all the same."""
     import contextlib
 
     from memfit.backend import tf as tfb
@@ -423,7 +429,11 @@ def _stall_exits(device: str, resident: int) -> Any:
         sys.stderr.flush()
         os._exit(0)
 
-    return tfb.AllocatorStallWatch(answer_oom)
+    def pressed() -> bool:
+        info = tfb.memory_info(device) or {}
+        return limit is None or info.get("current", 0) >= STALL_PRESSURE * limit
+
+    return tfb.AllocatorStallWatch(answer_oom, pressed=pressed)
 
 
 def dataset_size(spec: str) -> int:
