@@ -120,8 +120,11 @@ def test_policies_sqrt_count_size_and_layer_names() -> None:
     # 16x16x8 float32 = 8 KiB a boundary: a 20 KiB budget keeps two, not more.
     sized = memfit.recompute(model, "20KiB").report
     assert 1 <= len(sized.boundaries) <= 2 and sized.kept_bytes <= 20 * 1024
-    with pytest.raises(RecomputeError, match="cannot cut after layer 'conv1'"):
-        memfit.recompute(model, ["conv1"])
+    # Inside a block two tensors cross (the shortcut and the branch): a cut of two.
+    inside = memfit.recompute(model, ["conv1"]).report
+    assert inside.segments[0].boundary_tensors == 2
+    with pytest.raises(RecomputeError, match="cannot cut after layer 'head'"):
+        memfit.recompute(model, ["head"])
     with pytest.raises(RecomputeError, match="too small"):
         memfit.recompute(model, "1KiB")
     with pytest.raises(RecomputeError, match="segments must be"):
@@ -272,3 +275,80 @@ def test_estimate_what_if_that_cannot_build_is_one_not_applicable_line() -> None
     )
     assert _not_applicable(keras_error) == ("not applicable: Output with path `0` is not connected")
     assert _not_applicable(TypeError("bad mode\nmore")) == "not applicable: bad mode"
+
+
+def _pyramid_model() -> Any:
+    """A toy detector: three stages hand their outputs to a top-down pyramid together."""
+    import keras
+
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((32, 32, 3))
+    h = keras.layers.Conv2D(4, 3, padding="same", name="stem")(inputs)
+    levels = []
+    for i in range(3):
+        h = keras.layers.Conv2D(8, 3, strides=2, padding="same", name=f"stage{i}_a")(h)
+        h = keras.layers.BatchNormalization(name=f"stage{i}_bn")(h)
+        h = keras.layers.Conv2D(8, 3, padding="same", activation="relu", name=f"stage{i}_b")(h)
+        levels.append(h)
+    top = levels[-1]
+    outputs = [keras.layers.GlobalAveragePooling2D()(top)]
+    for level in reversed(levels[:-1]):
+        top = keras.layers.Add()([keras.layers.UpSampling2D()(top), level])
+        outputs.append(keras.layers.GlobalAveragePooling2D()(top))
+    merged = keras.layers.Concatenate()(outputs)
+    return keras.Model(inputs, keras.layers.Dense(4, name="head")(merged))
+
+
+def test_pyramid_is_cut_where_several_tensors_cross() -> None:
+    """Stage outputs live together until the pyramid: boundaries of several tensors."""
+    import tensorflow as tf
+
+    model = _pyramid_model()
+    plan = memfit.recompute(model, ["stage0_b", "stage1_b", "stage2_a"])
+    crossing = [s.boundary_tensors for s in plan.report.segments[:-1]]
+    assert crossing == [1, 2, 3]  # stage 0 and 1 outputs stay live for the pyramid
+    x = tf.random.stateless_normal((2, 32, 32, 3), seed=(5, 6))
+    y = tf.random.stateless_normal((2, 4), seed=(7, 8))
+    plain, plain_after = _train_step(model, x, y, None, True)
+    grads, after = _train_step(model, x, y, plan, True)
+    for g0, g1 in zip(plain, grads, strict=True):
+        np.testing.assert_allclose(g1, g0, rtol=1e-5, atol=1e-6)
+    for v0, v1 in zip(plain_after, after, strict=True):
+        np.testing.assert_allclose(v1, v0, rtol=1e-6, atol=1e-7)
+    # The default policy finds cuts through the pyramid's inputs too, and keeps each stage
+    # output once however many cuts it crosses.
+    sqrt = memfit.recompute(model).report
+    assert len(sqrt.segments) >= 2
+    assert sqrt.kept_bytes <= sum(s.boundary_bytes for s in sqrt.segments)
+
+
+def test_last_segment_is_not_recomputed_and_sqrt_keeps_cheap_tails() -> None:
+    """Recomputing the last segment saves nothing: its layer runs twice, not three times."""
+    import keras
+    import tensorflow as tf
+
+    calls: list[str] = []
+
+    class Counting(keras.layers.Layer):
+        def call(self, inputs: Any) -> Any:
+            calls.append(self.name)
+            return inputs * 2.0
+
+    inputs = keras.Input((64,))
+    h = keras.layers.Dense(64, name="d0")(inputs)
+    h = keras.layers.Dense(64, name="d1")(h)
+    h = keras.layers.Dense(2, name="narrow")(h)
+    model = keras.Model(inputs, Counting(name="tail")(h))
+    plan = memfit.recompute(model, "all")
+    assert [s.recomputed for s in plan.report.segments] == [True, True, True, False]
+    assert plan.report.segments[-1].first_layer == "tail"
+    calls.clear()
+    with plan, tf.GradientTape() as tape:
+        loss = tf.reduce_sum(model(tf.ones((2, 64)), training=True))
+    tape.gradient(loss, model.trainable_variables)
+    assert calls == ["tail"]  # the forward only
+    # "sqrt" keeps a segment whole where that does not raise the predicted peak: the narrow
+    # tail after the wide layers costs less to keep than the wide segments recomputed.
+    sqrt = memfit.recompute(model, "sqrt").report
+    assert not sqrt.segments[-1].recomputed
+    assert "recomputed" in str(sqrt)

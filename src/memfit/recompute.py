@@ -19,7 +19,6 @@ ValueError inside `Functional.call`): this module is what memfit offers instead.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,6 +27,9 @@ from memfit.errors import RecomputeError
 from memfit.sizes import format_size, parse_size
 
 Segments = str | int | Sequence[str]
+
+# The most segments a size budget (`"64MiB"`) is split into.
+MAX_SEGMENTS = 64
 
 
 @dataclass
@@ -39,8 +41,13 @@ class SegmentInfo:
         layers: how many layers (graph operations) it runs.
         activation_bytes: bytes its layers produce per sample (recomputed in backward),
             from the symbolic shapes (0 where a shape is undefined).
-        boundary: name of the layer whose output ends the segment (None for the last).
-        boundary_bytes: that output's bytes per sample (kept for backward).
+        boundary: name of the layer after which the segment ends (None for the last).
+        boundary_bytes: bytes per sample of the tensors crossing that cut (kept for
+            backward): one articulation tensor, or a few where a backbone hands several
+            stage outputs to a feature pyramid.
+        boundary_tensors: how many tensors cross the cut.
+        recomputed: whether the segment is recomputed in backward (the last never is: its
+            activations are needed at once).
     """
 
     first_layer: str
@@ -49,6 +56,8 @@ class SegmentInfo:
     activation_bytes: int
     boundary: str | None
     boundary_bytes: int
+    boundary_tensors: int = 1
+    recomputed: bool = True
 
 
 @dataclass
@@ -58,8 +67,9 @@ class RecomputeReport:
     Attributes:
         policy: the `segments=` asked for, as text.
         segments: each segment, in order.
-        candidates: how many articulation points the graph has (where a cut is possible).
-        kept_bytes: bytes per sample of the boundaries kept for backward.
+        candidates: how many places the graph can be cut (few tensors cross there).
+        kept_bytes: bytes per sample of the boundaries kept for backward (a tensor that
+            crosses several cuts counts once).
         activation_bytes: bytes per sample all the model's layers produce.
     """
 
@@ -86,11 +96,13 @@ class RecomputeReport:
         }
 
     def __str__(self) -> str:
-        largest = max((s.activation_bytes for s in self.segments), default=0)
+        recomputed = [s for s in self.segments if s.recomputed]
+        largest = max((s.activation_bytes for s in recomputed), default=0)
         return (
             f"recompute ({self.policy}): {len(self.segments)} segments at {self.candidates} "
-            f"possible cuts; keeps {format_size(self.kept_bytes)} of boundaries per sample, "
-            f"recomputes at most {format_size(largest)} per sample at a time "
+            f"possible cuts, {len(recomputed)} recomputed; keeps "
+            f"{format_size(self.kept_bytes)} of boundaries per sample, recomputes at most "
+            f"{format_size(largest)} per sample at a time "
             f"(all layers produce {format_size(self.activation_bytes)} per sample)"
         )
 
@@ -118,12 +130,16 @@ class Recompute:
         if not cuts:
             raise RecomputeError(
                 f"recompute is not applicable: model {model.name!r} has no articulation point "
-                f"(no tensor that every later layer depends on alone), so it cannot be cut into "
-                f"segments; use micro-batches or mixed precision instead"
+                f"(no place where at most {rc.MAX_BOUNDARY_TENSORS} tensors carry everything "
+                f"later layers need), so it cannot be cut into segments; use micro-batches or "
+                f"mixed precision instead"
             )
         chosen = _choose(self._graph, cuts, segments, batch_size)
-        self._segments = rc.segments_from_cuts(self._graph, chosen)
-        self.report = _report(self._graph, cuts, chosen, segments)
+        plain = rc.segments_from_cuts(self._graph, chosen)
+        auto = isinstance(segments, str) and segments.strip().lower() == "sqrt"
+        flags = _recomputed(self._graph, chosen, plain, auto)
+        self._segments = rc.segments_from_cuts(self._graph, chosen, flags)
+        self.report = _report(self._graph, cuts, chosen, segments, self._segments)
         self._call = rc.segmented_call(model, self._graph, self._segments)
         self._depth = 0
 
@@ -170,12 +186,16 @@ def recompute(model: Any, segments: Segments = "sqrt", *, batch_size: int = 1) -
             forward is Python code) or a graph without an articulation point raises
             `RecomputeError` ("recompute is not applicable: ...").
         segments: where to cut.
-            `"sqrt"`: about √n segments for n layers (Chen et al. 2016), balanced by the
-            bytes their layers produce. An int: that many segments (at most one more than
-            the articulation points). A size (`"64MiB"`): keep at most that many bytes of
-            boundaries at `batch_size`, with as many segments as fit in it. A list of layer
-            names: cut after each of them (each must output an articulation tensor).
-            `"all"`: cut at every articulation point.
+            `"sqrt"` (default): the cuts that minimise the predicted peak (boundaries kept
+            plus the largest segment: about √n segments for n layers, Chen et al. 2016);
+            then segments whose activations cost no more to keep than to recompute (a
+            narrow tail) are kept whole, to save their second forward. An int: that many
+            segments balanced by the bytes their layers produce. A size (`"64MiB"`): keep
+            at most that many bytes of boundaries at `batch_size`, with as many segments as
+            fit in it. A list of layer names: cut after each of them. `"all"`: cut at every
+            articulation point. A cut is possible where at most 4 tensors cross (one
+            between ResNet blocks; a backbone's stage outputs on their way to a feature
+            pyramid). The last segment is never recomputed (backward needs it at once).
         batch_size: the batch a size budget is meant for (default 1: per sample).
 
     Returns:
@@ -236,9 +256,11 @@ def policy_from_text(text: str) -> Segments:
 
 
 # -- choosing the cuts ------------------------------------------------------------------------
-def _choose(graph: Any, cuts: list[tuple[int, int]], segments: Segments, batch: int) -> list[int]:
+Cut = tuple[int, tuple[int, ...]]
+
+
+def _choose(graph: Any, cuts: list[Cut], segments: Segments, batch: int) -> list[int]:
     positions = [index for index, _ in cuts]
-    computing = sum(1 for s in graph.steps if s.node is not None)
     if isinstance(segments, bool):
         raise RecomputeError(
             f"segments must be 'sqrt', a count, a size or layer names, got {segments!r}"
@@ -246,15 +268,14 @@ def _choose(graph: Any, cuts: list[tuple[int, int]], segments: Segments, batch: 
     if isinstance(segments, int):
         if segments < 1:
             raise RecomputeError(f"segments must be at least 1, got {segments}")
-        return _balanced(graph, positions, min(segments, len(positions) + 1))
+        return _balanced(graph, cuts, min(segments, len(positions) + 1))
     if isinstance(segments, str):
         text = segments.strip().lower()
         if text == "sqrt":
-            return _balanced(
-                graph, positions, min(len(positions) + 1, math.ceil(math.sqrt(computing)))
-            )
+            return _optimal(graph, cuts)
         if text == "all":
-            return positions
+            single = [index for index, tensors in cuts if len(tensors) == 1]
+            return single or positions
         try:
             budget = parse_size(segments)
         except Exception:  # noqa: BLE001 - any unreadable policy gets the same message
@@ -265,24 +286,28 @@ def _choose(graph: Any, cuts: list[tuple[int, int]], segments: Segments, batch: 
         return _within(graph, cuts, budget, batch)
     names = list(segments)
     by_name: dict[str, int] = {}
-    for index, _tensor in cuts:
+    for index, _tensors in cuts:
         by_name.setdefault(graph.layer_name(index), index)
     chosen = []
     for name in names:
         if name not in by_name:
             some = ", ".join(list(by_name)[:8])
             raise RecomputeError(
-                f"cannot cut after layer {name!r}: its output is not a tensor every later layer "
-                f"depends on alone (an articulation point). Layers that are: {some}"
+                f"cannot cut after layer {name!r}: more than a few tensors cross the graph "
+                f"there (or it is the first or last layer). Layers after which it can: {some}"
                 + (", ..." if len(by_name) > 8 else "")
             )
         chosen.append(by_name[name])
     return sorted(set(chosen))
 
 
-def _balanced(graph: Any, positions: list[int], count: int) -> list[int]:
-    """`count - 1` cuts that split the produced bytes (layers, if unknown) most evenly."""
-    if count <= 1 or not positions:
+def _balanced(graph: Any, cuts: list[Cut], count: int) -> list[int]:
+    """`count - 1` cuts that split the produced bytes (layers, if unknown) evenly.
+
+    Each cut is taken within half a segment of its even share, at the smallest boundary
+    there (an articulation point before a place where a pyramid's levels cross).
+    """
+    if count <= 1 or not cuts:
         return []
     weights = [
         graph.step_bytes(i) or (1 if graph.steps[i].node is not None else 0)
@@ -294,30 +319,138 @@ def _balanced(graph: Any, positions: list[int], count: int) -> list[int]:
     for w in weights:
         running += w
         cumulative.append(running)
+    kept = {index: graph.boundary_bytes(tensors) for index, tensors in cuts}
+    window = total / (2 * count)
     chosen: list[int] = []
     for k in range(1, count):
         target = total * k / count
-        best = min(positions, key=lambda p: abs(cumulative[p] - target))
+        near = [p for p, _ in cuts if abs(cumulative[p] - target) <= window]
+        if near:
+            best = min(near, key=lambda p: (kept[p], abs(cumulative[p] - target)))
+        else:
+            best = min((p for p, _ in cuts), key=lambda p: abs(cumulative[p] - target))
         if best not in chosen:
             chosen.append(best)
     return sorted(chosen)
 
 
-def _within(graph: Any, cuts: list[tuple[int, int]], budget: int, batch: int) -> list[int]:
+def _optimal(graph: Any, cuts: list[Cut]) -> list[int]:
+    """The cuts that minimise the predicted peak of the recomputed step (per sample).
+
+    While segment k's backward runs, memory holds the boundaries earlier segments keep
+    plus segment k's activations: the peak is the largest such sum. A binary search over
+    the peak, each step a dynamic programme over the cut positions (fewest kept bytes that
+    reach each cut with every segment under the peak), finds the lowest; a tensor crossing
+    several cuts (a pyramid's C3) is kept once, by the segment that computes it.
+    """
+    if not cuts:
+        return []
+    cumulative = []
+    running = 0
+    for i in range(len(graph.steps)):
+        running += graph.step_bytes(i) or (1 if graph.steps[i].node is not None else 0)
+        cumulative.append(running)
+    producer = {t: i for i, s in enumerate(graph.steps) for t in s.outputs}
     positions = [index for index, _ in cuts]
-    kept = {index: graph.tensor_bytes(tensor, batch) or 0 for index, tensor in cuts}
+    boundary = [
+        [(producer.get(t, -1), graph.tensor_bytes(t) or 0) for t in tensors] for _, tensors in cuts
+    ]
+    end = len(graph.steps) - 1
+
+    def base(q: int) -> int:
+        return cumulative[q] if q >= 0 else 0
+
+    def solve(peak: int) -> list[int] | None:
+        held: dict[int, int] = {-1: 0}
+        parent: dict[int, int] = {}
+        starts = [-1]
+        for j, p in enumerate(positions):
+            best = None
+            for q in starts:
+                if held[q] + cumulative[p] - base(q) > peak:
+                    continue
+                value = held[q] + sum(b for at, b in boundary[j] if at > q)
+                if best is None or value < best:
+                    best, parent[p] = value, q
+            if best is not None:
+                held[p] = best
+                starts.append(p)
+        finals = [q for q in starts if held[q] + cumulative[end] - base(q) <= peak]
+        if not finals:
+            return None
+        q = min(finals, key=lambda q: held[q])
+        chosen = []
+        while q != -1:
+            chosen.append(q)
+            q = parent[q]
+        return sorted(chosen)
+
+    low = max(cumulative[i] - (cumulative[i - 1] if i else 0) for i in range(end + 1))
+    high = cumulative[end]
+    best = solve(high) or []
+    while high - low > max(1, high // 1000):
+        middle = (low + high) // 2
+        found = solve(middle)
+        if found is None:
+            low = middle + 1
+        else:
+            best, high = found, middle
+    return best
+
+
+def _kept(graph: Any, cuts: list[Cut], chosen: list[int], batch: int = 1) -> int:
+    """Bytes of the tensors the chosen cuts keep (a tensor crossing several counts once)."""
+    at = dict(cuts)
+    tensors = {t for index in chosen for t in at[index]}
+    return graph.boundary_bytes(sorted(tensors), batch)
+
+
+def _within(graph: Any, cuts: list[Cut], budget: int, batch: int) -> list[int]:
     best: list[int] = []
-    for count in range(2, len(positions) + 2):
-        chosen = _balanced(graph, positions, count)
-        if sum(kept[i] for i in chosen) <= budget:
+    for count in range(2, min(len(cuts), MAX_SEGMENTS) + 2):
+        chosen = _balanced(graph, cuts, count)
+        if _kept(graph, cuts, chosen, batch) <= budget:
             best = chosen if len(chosen) >= len(best) else best
     if not best:
-        smallest = min(kept.values())
+        smallest = min(graph.boundary_bytes(tensors, batch) for _, tensors in cuts)
         raise RecomputeError(
             f"a budget of {format_size(budget)} for what recompute keeps is too small: the "
             f"smallest boundary needs {format_size(smallest)} at batch {batch}"
         )
     return best
+
+
+def _recomputed(graph: Any, chosen: list[int], segments: list[Any], auto: bool) -> list[bool]:
+    """Which segments to recompute: never the last; with `auto`, keep more where it is free.
+
+    Recomputing the last segment saves nothing (backward needs its activations at once) and
+    costs its forward again. With `auto` ("sqrt"), a segment is also kept whole, from the
+    end backwards, where the peak this model predicts does not rise: while segment k's
+    backward runs, memory holds what earlier segments keep (their boundary if recomputed,
+    all their activations if not) plus segment k's activations.
+    """
+    starts = [0, *(end + 1 for end in chosen)]
+    ends = [*chosen, len(graph.steps) - 1]
+    produced = [
+        sum(graph.step_bytes(i) for i in range(a, b + 1)) for a, b in zip(starts, ends, strict=True)
+    ]
+    kept = [graph.boundary_bytes(seg.outputs) for seg in segments]
+    flags = [True] * (len(segments) - 1) + [False]
+
+    def peak(f: list[bool]) -> int:
+        held, highest = 0, 0
+        for k, recomputed in enumerate(f):
+            highest = max(highest, held + produced[k])
+            held += kept[k] if recomputed else produced[k]
+        return highest
+
+    if auto:
+        limit = peak(flags)
+        for k in range(len(segments) - 2, -1, -1):
+            flags[k] = False
+            if peak(flags) > limit:
+                flags[k] = True
+    return flags
 
 
 def _policy_text(policy: Segments) -> str:
@@ -327,15 +460,17 @@ def _policy_text(policy: Segments) -> str:
 
 
 def _report(
-    graph: Any, cuts: list[tuple[int, int]], chosen: list[int], policy: Segments
+    graph: Any, cuts: list[Cut], chosen: list[int], policy: Segments, segments: list[Any]
 ) -> RecomputeReport:
     tensor_at = dict(cuts)
     report = RecomputeReport(
         policy=_policy_text(policy),
         candidates=len(cuts),
+        kept_bytes=_kept(graph, cuts, chosen),
     )
     start = 0
-    for end in [*chosen, len(graph.steps) - 1]:
+    ends = [*chosen, len(graph.steps) - 1]
+    for end, segment in zip(ends, segments, strict=True):
         indices = [i for i in range(start, end + 1) if graph.steps[i].node is not None]
         boundary = tensor_at.get(end) if end != len(graph.steps) - 1 else None
         info = SegmentInfo(
@@ -344,10 +479,11 @@ def _report(
             layers=len(indices),
             activation_bytes=sum(graph.step_bytes(i) for i in indices),
             boundary=graph.layer_name(end) if boundary is not None else None,
-            boundary_bytes=(graph.tensor_bytes(boundary) or 0) if boundary is not None else 0,
+            boundary_bytes=graph.boundary_bytes(boundary) if boundary is not None else 0,
+            boundary_tensors=len(boundary) if boundary is not None else 0,
+            recomputed=segment.recompute,
         )
         report.segments.append(info)
-        report.kept_bytes += info.boundary_bytes
         report.activation_bytes += info.activation_bytes
         start = end + 1
     return report

@@ -20,11 +20,15 @@ How a segment runs during training:
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from memfit.backend import tf as tfb
+
+# A cut keeps the tensors that cross it; more than this many make a poor boundary (inside a
+# residual block two cross already, a feature pyramid's inputs add one per level).
+MAX_BOUNDARY_TENSORS = 4
 
 
 @dataclass
@@ -63,25 +67,29 @@ class LayerGraph:
     tensors: dict[int, Any]
     functional: Any
 
-    def cuts(self) -> list[tuple[int, int]]:
-        """Articulation points: `(step index, tensor id)` after which one tensor is live.
+    def cuts(self, max_tensors: int = MAX_BOUNDARY_TENSORS) -> list[tuple[int, tuple[int, ...]]]:
+        """Where the graph can be cut: `(step index, boundary tensor ids)` after each step.
 
         After step `i` the live tensors are those already computed that a later step or
-        the output still needs; where that is exactly one tensor, everything later depends
-        on the earlier layers only through it. The model's inputs do not count: the batch
-        is held for the whole step anyway (a detector's anchors read the image's shape at
-        the end), so a later segment may read them too (`held_inputs`). Only points between
-        two computing steps are returned, one per run of alias steps.
+        the output still needs: the boundary a cut there keeps for backward. One tensor is an
+        articulation point (between ResNet blocks); a backbone that hands several stage
+        outputs to a feature pyramid is cut where a few tensors cross (C3 and C4 are live
+        while stage 5 runs). Points where more than `max_tensors` cross are not returned.
+        The model's inputs do not count: the batch is held for the whole step anyway (a
+        detector's anchors read the image's shape at the end), so a later segment may read
+        them too (`held_inputs`). Only points between two computing steps are returned, one
+        per run of alias steps; boundaries are in the order their tensors were computed.
         """
         self._held: dict[int, list[int]] = {}
         last_use = self._last_use()
         inputs = self._input_like()
+        order = {t: i for i, s in enumerate(self.steps) for t in s.outputs}
         live = {t for t in self.input_ids if t in last_use}
         computing = [i for i, s in enumerate(self.steps) if s.node is not None]
         if not computing:
             return []
         first, last = computing[0], computing[-1]
-        result: list[tuple[int, int]] = []
+        result: list[tuple[int, tuple[int, ...]]] = []
         since_cut = 0
         for index, step in enumerate(self.steps):
             for tensor in step.inputs:
@@ -91,12 +99,18 @@ class LayerGraph:
                 if last_use.get(tensor, -1) > index:
                     live.add(tensor)
             since_cut += step.node is not None
-            computed = [t for t in live if t not in inputs]
-            if first <= index < last and len(computed) == 1 and since_cut and step.node:
-                result.append((index, computed[0]))
+            computed = sorted((t for t in live if t not in inputs), key=lambda t: order[t])
+            if first <= index < last and 1 <= len(computed) <= max_tensors and since_cut:
+                if step.node is None:
+                    continue
+                result.append((index, tuple(computed)))
                 self._held[index] = sorted((t for t in live if t in inputs), key=self._order)
                 since_cut = 0
         return result
+
+    def boundary_bytes(self, tensors: Sequence[int], batch_size: int = 1) -> int:
+        """Bytes of a boundary's tensors at `batch_size` (undefined shapes count 0)."""
+        return sum(self.tensor_bytes(t, batch_size) or 0 for t in tensors)
 
     def held_inputs(self, index: int) -> list[int]:
         """Model inputs (or their aliases) still needed after the cut at step `index`."""
@@ -237,7 +251,8 @@ def _expandable(operation: Any, node: Any, expanded: set[int]) -> bool:
     import keras
 
     args = node.arguments
-    if args.kwargs or len(args.args) != 1:
+    # `mask=None` (keras-hub passes it to its backbones) changes nothing.
+    if any(v is not None for v in args.kwargs.values()) or len(args.args) != 1:
         return False
     flat_in = keras.tree.flatten(node.input_tensors)
     return len(flat_in) == len(operation.inputs) and len(node.outputs) == len(operation.outputs)
@@ -389,21 +404,42 @@ def _sublayers(operation: Any) -> list[Any]:
     return list(flatten(include_self=True))
 
 
-def segments_from_cuts(graph: LayerGraph, cut_steps: list[int]) -> list[Segment]:
-    """Split the graph after each step index in `cut_steps` (each one of `graph.cuts()`)."""
-    cut_tensor = dict(graph.cuts())
+def segments_from_cuts(
+    graph: LayerGraph, cut_steps: list[int], recompute: Sequence[bool] | None = None
+) -> list[Segment]:
+    """Split the graph after each step index in `cut_steps` (each one of `graph.cuts()`).
+
+    A segment reads the tensors its steps use that earlier segments computed (differentiated
+    through `tf.recompute_grad`) and the model inputs (held, captured); it returns what it
+    computes that a later segment or the model's output reads. A tensor that crosses several
+    cuts (a pyramid's C3) is returned once, by the segment that computes it. `recompute`
+    says, per segment, whether to recompute it (default: all).
+    """
+    last_use = graph._last_use()
+    input_like = graph._input_like()
     bounds = sorted(set(cut_steps))
+    ends = [*bounds, len(graph.steps) - 1]
+    flags = list(recompute) if recompute is not None else [True] * len(ends)
     segments = []
     start = 0
-    previous_inputs = list(graph.input_ids)
-    held: list[int] = []
-    for end in [*bounds, len(graph.steps) - 1]:
+    for end, flag in zip(ends, flags, strict=True):
         steps = graph.steps[start : end + 1]
-        last = end == len(graph.steps) - 1
-        outputs = list(graph.output_ids) if last else [cut_tensor[end]]
-        segments.append(Segment(steps, previous_inputs, outputs, held=held))
-        previous_inputs = outputs
-        held = [] if last else graph.held_inputs(end)
+        produced: set[int] = set()
+        reads: list[int] = []
+        outputs: list[int] = []
+        for step in steps:
+            for tensor in step.inputs:
+                if tensor not in produced and tensor not in reads:
+                    reads.append(tensor)
+            for tensor in step.outputs:
+                produced.add(tensor)
+                if last_use.get(tensor, -1) > end and tensor not in outputs:
+                    outputs.append(tensor)
+        held = [t for t in reads if t in input_like]
+        inputs = [t for t in reads if t not in input_like]
+        if not inputs:  # the first segment: differentiated through the model's inputs
+            inputs, held = held, []
+        segments.append(Segment(steps, inputs, outputs, recompute=flag, held=held))
         start = end + 1
     return segments
 
