@@ -119,23 +119,28 @@ def _summarise(result: Replay) -> tuple[dict[str, int], list[dict[str, Any]]]:
     return breakdown, per_layer
 
 
-def estimate_workload(workload: Workload, batch_size: int) -> Estimate:
+def estimate_workload(workload: Workload, batch_size: int, recompute: Any = None) -> Estimate:
     """Estimate a prepared Workload's step at `batch_size` (see `estimate`).
 
     The replay's allocator follows this process's emulation: one region of the budget (a
     card with memory growth off, the default), or regions that grow (`--memory-growth`, or
-    no emulation).
+    no emulation). `recompute` (a `memfit.recompute` policy or `Recompute`) traces the step
+    with the model's forward segmented: the replay runs each recomputed segment's forward
+    again inside backward, where its gradients need it.
     """
     import time
 
     from memfit.backend import tf_graph
+    from memfit.recompute import as_recompute
 
     _check_batch_size(batch_size)
     optimizer = workload.model.optimizer
     if optimizer is not None and not getattr(optimizer, "built", True):
         optimizer.build(workload.model.trainable_variables)
+    segmented = as_recompute(workload.model, recompute)
     started = time.perf_counter()
-    graph = tf_graph.trace_step(workload, int(batch_size))
+    with segmented if segmented is not None else contextlib.nullcontext():
+        graph = tf_graph.trace_step(workload, int(batch_size))
     traced = time.perf_counter() - started
     emulated = emulated_budget()
     region = None if emulated is None or emulated_memory_growth() else emulated.usable_bytes
@@ -327,6 +332,13 @@ def _what_ifs(
                 "peak_bytes": largest[1],
             }
         )
+    progress("what if: recompute sqrt")
+    try:
+        est = estimate_workload(workload, batch, recompute="sqrt")
+    except Exception as exc:  # noqa: BLE001 - a model recompute cannot cut is reported
+        row("recompute sqrt", None, _not_applicable(exc))
+    else:
+        row("recompute sqrt", est)
     if not rebuild:
         return rows
     variants: list[tuple[str, dict[str, Any]]] = [
@@ -366,6 +378,7 @@ def _not_applicable(exc: Exception) -> str:
         why = why.split(": ", 1)[1] if ": " in why else why
     elif why.startswith("Exception encountered when calling") and len(lines) > 1:
         why = re.sub(r"\x1b\[[0-9;]*m", "", lines[1])  # the cause, not the wrapper
+    why = why.removeprefix("recompute is not applicable: ")
     return f"not applicable: {why[:200]}"
 
 
