@@ -352,3 +352,42 @@ def test_last_segment_is_not_recomputed_and_sqrt_keeps_cheap_tails() -> None:
     sqrt = memfit.recompute(model, "sqrt").report
     assert not sqrt.segments[-1].recomputed
     assert "recomputed" in str(sqrt)
+
+
+def test_estimate_has_a_recompute_row_below_the_plain_step() -> None:
+    """The what-if traces the step with the forward segmented and replays it."""
+    model = _block_model(dropout=0.0)
+    model.compile("adam", "mse")
+    est = memfit.estimate(model, 8, what_ifs=True)
+    row = next(r for r in est.what_ifs if r["change"] == "recompute sqrt")
+    assert "error" not in row and 0 < row["peak_bytes"] < est.peak_bytes
+
+
+def test_fit_follows_a_plan_for_memfits_recompute() -> None:
+    """A plan whose remat is "memfit" needs no rebuild: memfit.fit segments the forward."""
+    import types
+
+    import keras
+
+    calls: list[str] = []
+
+    class Counting(keras.layers.Layer):
+        def call(self, inputs: Any) -> Any:
+            calls.append(self.name)
+            return inputs * 1.0
+
+    inputs = keras.Input((8,))
+    h = keras.layers.Dense(8, name="d0")(inputs)
+    h = Counting(name="count")(h)
+    model = keras.Model(inputs, keras.layers.Dense(1, name="d1")(keras.layers.Dense(8)(h)))
+    model.compile(optimizer="sgd", loss="mse")
+    plan = types.SimpleNamespace(precision="float32", remat="memfit", micro_batches=1)
+    x, y = np.ones((8, 8), "float32"), np.zeros((8, 1), "float32")
+    calls.clear()
+    memfit.fit(model, x, y, batch_size=8, epochs=1, verbose=0, micro_batches=plan)
+    assert calls.count("count") == 2  # traced in the forward and again in backward
+    with pytest.raises(memfit.MemfitError, match="memfit's recompute"):
+        with keras.RematScope(mode="activations"):
+            other = keras.Sequential([keras.Input((8,)), keras.layers.Dense(1)])
+        other.compile(optimizer="sgd", loss="mse")
+        memfit.fit(other, x, y, batch_size=8, verbose=0, micro_batches=plan)

@@ -81,7 +81,6 @@ def open_measurer(
     """
     for name in imports or []:
         importlib.import_module(name)
-    import contextlib
 
     from memfit.backend import tf as tfb
     from memfit.errors import MemfitError
@@ -94,7 +93,10 @@ def open_measurer(
     keras = tfb.import_keras()
     if precision:
         keras.mixed_precision.set_dtype_policy(precision)
-    scope = keras.RematScope(mode=remat) if remat else contextlib.nullcontext()
+    from memfit.recompute import remat_recompute, remat_scope
+
+    scope = remat_scope(remat)
+    recompute = recompute or remat_recompute(remat)
     dataset = load_dataset(data) if data else None
     if saved_data:
         dataset = tfb.import_tf().data.Dataset.load(saved_data)
@@ -183,7 +185,6 @@ def _build_model(
     safe_mode: bool,
 ) -> Any:
     """Build or load MODEL under a dtype policy and `keras.RematScope` (policy restored)."""
-    import contextlib
 
     from memfit.backend import tf as tfb
     from memfit.models import load_model
@@ -193,7 +194,9 @@ def _build_model(
     if precision:
         keras.mixed_precision.set_dtype_policy(precision)
     try:
-        with keras.RematScope(mode=remat) if remat else contextlib.nullcontext():
+        from memfit.recompute import remat_scope
+
+        with remat_scope(remat):  # "memfit" recompute wraps the built model's forward
             return load_model(spec, input_shape=shape, classes=classes, safe_mode=safe_mode)
     finally:
         keras.mixed_precision.set_dtype_policy(previous)
@@ -264,7 +267,9 @@ def open_estimator(
             return {"device": device}
         workload = workload_for(precision, remat)
         micro = math.ceil(batch_size / micro_batches)
-        result = estimate_workload(workload, micro)
+        from memfit.recompute import remat_recompute
+
+        result = estimate_workload(workload, micro, recompute=remat_recompute(remat))
         extra = 0
         if micro_batches > 1:
             # Gradient sums, one per trainable variable, and the rest of the batch, which
@@ -330,6 +335,8 @@ def confirm_plan(
     shape = _one_shape(input_shape)
     dataset = load_dataset(data) if data else None
     model = _build_model(spec, shape, precision, remat, classes, safe_mode)
+    from memfit.recompute import remat_recompute
+
     workload = Workload(
         model,
         optimizer=optimizer,
@@ -369,6 +376,7 @@ def confirm_plan(
             callbacks=[Recorder()],
             micro_batches=int(micro_batches),
             on_recovery=stop,
+            recompute=remat_recompute(remat),
         )
     except _Recovered:
         pass

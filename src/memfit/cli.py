@@ -627,8 +627,9 @@ def batch(
     "--remat",
     "remat_modes",
     multiple=True,
-    type=click.Choice(["none", "larger_than", "activations", "list_of_layers", "full"]),
-    help="keras.RematScope modes to consider (repeat; default none, larger_than, activations).",
+    type=click.Choice(["none", "memfit", "larger_than", "activations", "list_of_layers", "full"]),
+    help="Recompute to consider (repeat): memfit (memfit's recompute, sqrt segments) or a "
+    "keras.RematScope mode; default none, memfit, larger_than, activations.",
 )
 @click.option(
     "--no-confirm",

@@ -418,6 +418,10 @@ def fit(
         batch_size = None
     if hasattr(micro_batches, "precision") and hasattr(micro_batches, "remat"):
         check_plan(model, micro_batches)
+        from memfit.recompute import remat_recompute
+
+        # A plan for memfit's recompute wraps the model's forward: no rebuild needed.
+        recompute = recompute or remat_recompute(micro_batches.remat)
     k = getattr(micro_batches, "micro_batches", micro_batches) or 1
     step = GuardedStep(
         model,
@@ -547,7 +551,13 @@ def check_plan(model: Any, plan: Any) -> None:
             f"(--precision {precision})"
         )
     modes = model_remat(model)
-    if plan.remat is not None and plan.remat not in modes:
+    if plan.remat == "memfit":  # memfit's recompute: memfit.fit applies it to any build
+        if modes:
+            raise MemfitError(
+                f"the plan is for memfit's recompute, but the model was built with remat "
+                f"{', '.join(sorted(modes))}: build it outside keras.RematScope"
+            )
+    elif plan.remat is not None and plan.remat not in modes:
         raise MemfitError(
             f"the plan is for recompute (remat) {plan.remat!r}, but the model was built "
             + (f"with remat {', '.join(sorted(modes))}" if modes else "without it")

@@ -29,7 +29,8 @@ DEFAULT_MARGIN = 0.05
 DEFAULT_CONFIRM_STEPS = 20
 PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
 # "full" is left out by default: on the TF backend it raised inside Functional.call.
-REMAT_MODES: tuple[str | None, ...] = (None, "larger_than", "activations")
+# "memfit": memfit's own recompute (`memfit.recompute(model, "sqrt")`), beside Keras' modes.
+REMAT_MODES: tuple[str | None, ...] = (None, "memfit", "larger_than", "activations")
 # Finalists measured when several configurations could be the fastest; confirmations tried.
 MAX_FINALISTS = 3
 MAX_CONFIRMATIONS = 4
@@ -45,7 +46,13 @@ _PRECISION_COST = {
     "CPU": {"float32": 1.0, "mixed_float16": 1.6, "mixed_bfloat16": 1.8},
     "GPU": {"float32": 1.0, "mixed_float16": 0.6, "mixed_bfloat16": 0.7},
 }
-_REMAT_COST = {"activations": 1.15, "list_of_layers": 1.2, "larger_than": 1.25, "full": 1.35}
+_REMAT_COST = {
+    "memfit": 1.25,
+    "activations": 1.15,
+    "list_of_layers": 1.2,
+    "larger_than": 1.25,
+    "full": 1.35,
+}
 
 
 @dataclass
@@ -159,7 +166,9 @@ class Plan:
         previous = keras.mixed_precision.dtype_policy()
         keras.mixed_precision.set_dtype_policy(self.precision)
         try:
-            with keras.RematScope(mode=self.remat) if self.remat else contextlib.nullcontext():
+            from memfit.recompute import remat_scope
+
+            with remat_scope(self.remat):
                 yield
         finally:
             keras.mixed_precision.set_dtype_policy(previous)

@@ -487,3 +487,40 @@ def _report(
         report.activation_bytes += info.activation_bytes
         start = end + 1
     return report
+
+
+# -- recompute as a plan's `remat` ------------------------------------------------------------
+MEMFIT_REMAT = "memfit"
+
+
+def remat_scope(remat: str | None) -> Any:
+    """The build scope of a plan's `remat`: `keras.RematScope`, or none for memfit's own.
+
+    `"memfit"` (memfit's recompute, `segments="sqrt"`) wraps the built model's forward
+    instead, so the model is built as it is without recompute.
+
+    Args:
+        remat: a `keras.RematScope` mode, `"memfit"`, or None.
+
+    Example:
+        >>> import contextlib
+        >>> isinstance(remat_scope("memfit"), contextlib.nullcontext)
+        True
+    """
+    import contextlib
+
+    if remat is None or remat == MEMFIT_REMAT:
+        return contextlib.nullcontext()
+    from memfit.backend import tf as tfb
+
+    return tfb.import_keras().RematScope(mode=remat)
+
+
+def remat_recompute(remat: str | None) -> str | None:
+    """The `recompute=` policy a plan's `remat` asks for: `"sqrt"` for `"memfit"`, else None.
+
+    Example:
+        >>> remat_recompute("memfit"), remat_recompute("activations")
+        ('sqrt', None)
+    """
+    return "sqrt" if remat == MEMFIT_REMAT else None
