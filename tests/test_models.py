@@ -1,7 +1,7 @@
 """MODEL arguments: files, factories and built-ins, and the errors users get for bad ones."""
 
 import pytest
-from helpers import run_isolated
+from helpers import run_cli, run_isolated
 
 from memfit import ModelLoadError
 from memfit.models import check_model_spec
@@ -81,3 +81,69 @@ def test_factories_files_and_builtins(tmp_path):
     assert "MobileNetV2" in out["keras.applications.MobileNetV9"]
     assert "--unsafe" in out["lambda.keras"]
     assert out["unsafe_ok"] == "Functional"
+
+
+_UNCOMPILED = (
+    "import keras\n"
+    "def build():\n"
+    "    inputs = keras.Input((32, 32, 3))\n"
+    "    h = keras.layers.Conv2D(8, 3, activation='relu')(inputs)\n"
+    "    h = keras.layers.GlobalAveragePooling2D()(h)\n"
+    "    return keras.Model(inputs, keras.layers.Dense(5, activation='softmax')(h))\n"
+)
+
+
+def test_uncompiled_model_says_which_optimizer_and_loss_were_used():
+    # A new user's finding (issue 20): a factory's uncompiled model was measured silently
+    # with a loss and optimizer nobody chose. Built-ins are never compiled: no warning.
+    result = run_isolated(
+        _UNCOMPILED
+        + """
+import warnings
+import memfit
+from memfit.workload import Workload
+
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    work = Workload(build())
+    builtin = memfit.load_model("keras.applications.MobileNetV2", input_shape=(32, 32, 3))
+    quiet = Workload(builtin)
+    given = Workload(build(), optimizer="sgd", loss="mean_squared_error")
+emit({
+    "warnings": [str(w.message) for w in caught if issubclass(w.category, memfit.MemfitWarning)],
+    "compiled_with": work.compiled_with,
+    "builtin": quiet.compiled_with,
+    "given": given.compiled_with,
+})
+"""
+    )
+    assert len(result["warnings"]) == 1, result["warnings"]
+    message = result["warnings"][0]
+    assert "is not compiled" in message
+    assert "optimizer 'adam' and loss 'sparse_categorical_crossentropy'" in message
+    assert result["compiled_with"] == {
+        "optimizer": "adam",
+        "loss": "sparse_categorical_crossentropy",
+    }
+    assert result["builtin"]["optimizer"] == "adam"  # chosen too, and recorded
+    assert result["given"] is None  # both given: nothing chosen
+
+
+def test_cli_warns_once_when_a_factory_returns_an_uncompiled_model(tmp_path):
+    (tmp_path / "uncompiled.py").write_text(_UNCOMPILED)
+    proc = run_cli(
+        "measure",
+        "uncompiled:build",
+        "--batch-size",
+        "2",
+        "--repeats",
+        "1",
+        "--memory",
+        "256MiB",
+        env={"PYTHONPATH": str(tmp_path)},
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    warned = [line for line in proc.stderr.splitlines() if "is not compiled" in line]
+    assert len(warned) == 1, proc.stderr[-2000:]
+    assert warned[0].startswith("memfit: warning: model ")
+    assert "optimizer 'adam' and loss 'sparse_categorical_crossentropy'" in warned[0]

@@ -13,7 +13,8 @@ Public API (everything else is private):
   input-bound, divergence, OOM) and says why and what to do; `memfit report` shows its log.
 - `recompute`, `Recompute`, `RecomputeReport`: gradient checkpointing that saves memory on
   TensorFlow (segments of the layer graph under `tf.recompute_grad`).
-- `MemfitError` and its subclasses: every error a user can fix.
+- `MemfitError` and its subclasses: every error a user can fix; `MemfitWarning`: what a
+  user should know that does not stop the work (an uncompiled model compiled by memfit).
 - `data`: dataset checks (`memfit.data.check`), tf.data pipeline audit (`memfit.data.audit`),
   a detection input pipeline (`memfit.data.detection_pipeline`); `DataError`.
 
@@ -34,6 +35,7 @@ from memfit.errors import (
     EmulationError,
     MeasurementError,
     MemfitError,
+    MemfitWarning,
     ModelLoadError,
     RecomputeError,
     SizeError,
@@ -70,6 +72,7 @@ __all__ = [
     "MeasurementError",
     "Measurement",
     "MemfitError",
+    "MemfitWarning",
     "ModelLoadError",
     "Plan",
     "Recompute",

@@ -11,6 +11,14 @@ class MemfitError(Exception):
     """
 
 
+class MemfitWarning(UserWarning):
+    """Something the user should know that does not stop the work (the CLI: one line).
+
+    The CLI prints it as `memfit: warning: <message>`; from a child process that measures,
+    it reaches the parent the same way.
+    """
+
+
 class SizeError(MemfitError, ValueError):
     """A memory size string or number could not be understood or is not positive."""
 

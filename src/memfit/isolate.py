@@ -48,6 +48,26 @@ class _ChildRun:
     oom_line: str | None = None
 
 
+def relay_warning(line: str) -> None:
+    """Warn here what a child process warned the user about (a `MemfitWarning` line).
+
+    Args:
+        line: one line of the child's stderr; only `path:N: MemfitWarning: message` counts.
+
+    Example:
+        ```python
+        relay_warning("x.py:9: MemfitWarning: model 'm' is not compiled: ...")
+        ```
+    """
+    import warnings
+
+    from memfit.errors import MemfitWarning
+
+    _, mark, message = line.partition(": MemfitWarning: ")
+    if mark and message.strip():
+        warnings.warn(message.strip(), MemfitWarning, stacklevel=2)
+
+
 def _run_watched(
     command: list[str], env: dict[str, str], timeout: float | None, oom_grace: float
 ) -> _ChildRun:
@@ -80,6 +100,7 @@ def _run_watched(
                 state.max_in_use = max(state.max_in_use or 0, parse_size(match.group(1)))
             if line.startswith(RESIDENT_MARK):
                 state.resident = int(line[len(RESIDENT_MARK) :].strip())
+            relay_warning(line)
 
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
@@ -280,6 +301,7 @@ class ChildWorker:
                 self._state.max_in_use = max(self._state.max_in_use or 0, size)
             if line.startswith(RESIDENT_MARK):
                 self._state.resident = int(line[len(RESIDENT_MARK) :].strip())
+            relay_warning(line)
 
     def _wait(self, path: str, oom_since: int | None) -> dict[str, Any]:
         proc = self._proc

@@ -192,11 +192,15 @@ def _build_builtin(
     if classes is not None:
         kwargs["classes"] = classes
     try:
-        return builder(**kwargs)
+        model = builder(**kwargs)
     except ValueError as exc:
         raise ModelLoadError(
             f"keras.applications.{name} cannot be built with {kwargs}: {_first_line(str(exc))}"
         ) from None
+    # A built-in is never compiled: memfit's choice of optimizer and loss goes without a
+    # warning (see Workload).
+    model._memfit_builtin = True
+    return model
 
 
 def _first_line(text: str) -> str:

@@ -20,6 +20,12 @@ class Workload:
     that suit its outputs and loss, or drawn from a `tf.data.Dataset` of unbatched `(x, y)`
     samples (needed for models with dict targets, such as detectors).
 
+    A model that is not compiled (a factory that returns it so, or a model object) is
+    compiled with Adam and a loss chosen from its output (`sparse_categorical_crossentropy`
+    for a softmax over classes, `binary_crossentropy` for a sigmoid, else `mean_squared_error`),
+    and a `MemfitWarning` says which were used; `compiled_with` records them. Built-in models
+    (`keras.applications.Name`) get the same without a warning: they are never compiled.
+
     Args:
         model: a Keras model. Compiled models keep their optimizer and loss.
         optimizer: compile the model with this optimizer (default: the model's own; `"adam"`
@@ -60,6 +66,8 @@ class Workload:
         self._ranked: list[int] | None = None
         self._keras_relaxed: Any = None
         self.input_shape = _normalise_shapes(input_shape)
+        # What memfit compiled an uncompiled model with: {"optimizer": ..., "loss": ...}.
+        self.compiled_with: dict[str, str] | None = None
         self._ensure_built()
         self._ensure_compiled(optimizer, loss)
 
@@ -81,9 +89,19 @@ class Workload:
         compiled = bool(getattr(self.model, "compiled", False)) and self.model.optimizer is not None
         if compiled and optimizer is None and loss is None:
             return
+        chosen = {}
+        if not compiled:
+            if optimizer is None:
+                chosen["optimizer"] = "adam"
+            if loss is None:
+                chosen["loss"] = self._default_loss()
         optimizer = optimizer or (self.model.optimizer if compiled else None) or "adam"
         loss = loss or (self.model.loss if compiled else None) or self._default_loss()
         self.model.compile(optimizer=optimizer, loss=loss)
+        if chosen:
+            self.compiled_with = {"optimizer": str(optimizer), "loss": str(loss)}
+            if not getattr(self.model, "_memfit_builtin", False):
+                _warn_uncompiled(self.model.name, chosen)
 
     def _default_loss(self) -> str:
         outputs = self._model_outputs()
@@ -405,3 +423,19 @@ def _loss_name(loss: Any) -> str:
         return loss.lower()
     name = getattr(loss, "name", None) or getattr(loss, "__name__", None) or type(loss).__name__
     return str(name).lower()
+
+
+def _warn_uncompiled(name: str, chosen: dict[str, str]) -> None:
+    """Say which optimizer and loss memfit chose for a model that came uncompiled."""
+    import warnings
+
+    from memfit.errors import MemfitWarning
+
+    what = " and ".join(f"{kind} {value!r}" for kind, value in chosen.items())
+    warnings.warn(
+        f"model {name!r} is not compiled: memfit compiled it with {what}, which it chose "
+        f"(memory depends on them: an optimizer's slots, a loss's temporaries); compile "
+        f"the model (in its factory), or pass --optimizer/--loss (optimizer=, loss=)",
+        MemfitWarning,
+        stacklevel=4,
+    )
