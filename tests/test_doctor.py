@@ -46,3 +46,36 @@ def test_doctor_flags_an_emulation_that_came_too_late():
     assert out["ok"] is False
     problem = next(f for f in out["findings"] if f["level"] == "problem")
     assert problem["topic"] == "emulation" and "memfit.emulate()" in problem["fix"]
+
+
+def test_a_card_larger_than_the_host_is_one_warning_line():
+    # A new user's finding (issue 20): `--memory 999999999TiB` on a CPU was accepted without a
+    # word about the host's RAM.
+    import json
+
+    from helpers import run_cli
+
+    proc = run_cli("doctor", "--memory", "999999999TiB", "--json")
+    assert proc.returncode == 0, proc.stderr
+    warned = [line for line in proc.stderr.splitlines() if line.startswith("memfit: warning:")]
+    assert len(warned) == 1, proc.stderr
+    assert "of RAM" in warned[0] and "Emulate a budget under" in warned[0]
+    assert "Traceback" not in proc.stderr
+    report = json.loads(proc.stdout)
+    emulation = next(f for f in report["findings"] if f["topic"] == "emulation")
+    assert emulation["level"] == "warning", emulation
+    assert "more than this machine's" in emulation["message"]
+
+
+def test_emulate_warns_in_python_when_the_card_is_larger_than_the_host():
+    out = run_isolated(
+        """
+        import warnings
+        import memfit
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            memfit.emulate("999999999TiB")
+        emit([str(w.message) for w in caught])
+        """
+    )
+    assert len(out) == 1 and "of RAM" in out[0], out

@@ -79,9 +79,7 @@ class DoctorReport:
             "versions": self.versions,
             "budget": self.budget.to_dict() if self.budget else None,
             "emulated_budget": self.emulated_budget.to_dict() if self.emulated_budget else None,
-            "emulated_memory_growth": (
-                emulated_memory_growth() if self.emulated_budget else None
-            ),
+            "emulated_memory_growth": (emulated_memory_growth() if self.emulated_budget else None),
             "tensorflow_initialized": self.tensorflow_initialized,
             "findings": [asdict(f) for f in self.findings],
             "problems": len(self.problems),
@@ -332,8 +330,7 @@ def _check_emulation(report: DoctorReport) -> None:
         else "memory growth off: the whole budget is one region from the start"
     )
     message = (
-        f"emulating {emulated.name}: training sees {format_size(emulated.usable_bytes)} "
-        f"({mode})"
+        f"emulating {emulated.name}: training sees {format_size(emulated.usable_bytes)} ({mode})"
     )
     if emulated.device == "CPU:0" and tfb.onednn_enabled():
         report.findings.append(
@@ -351,6 +348,19 @@ def _check_emulation(report: DoctorReport) -> None:
                 "emulation",
                 message + ", but the allocator limit is not set in this process",
                 "call memfit.emulate() before building any model or tensor",
+            )
+        )
+    elif emulated.device == "CPU:0" and emulated.usable_bytes > report.host_memory.get(
+        "total_bytes", emulated.usable_bytes
+    ):
+        host = format_size(report.host_memory["total_bytes"])
+        report.findings.append(
+            Finding(
+                WARNING,
+                "emulation",
+                message + f", more than this machine's {host} of RAM: training here runs out "
+                f"of host memory before it reaches the budget",
+                f"emulate a budget under {host}, or measure on the card itself",
             )
         )
     else:
