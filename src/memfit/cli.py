@@ -1195,7 +1195,8 @@ def _render_estimate(model: str, result: Any, check: dict[str, Any] | None) -> N
         whatif.add_column("saves", justify="right")
         for row in result.what_ifs:
             if "error" in row:
-                whatif.add_row(row["change"], "", "n/a", row["error"].splitlines()[0][:60])
+                # "not applicable: <why>", whole: the table wraps it (issue 20).
+                whatif.add_row(row["change"], "", "n/a", row["error"].splitlines()[0])
                 continue
             saved = row.get("saved_bytes")
             whatif.add_row(
