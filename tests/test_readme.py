@@ -1,0 +1,77 @@
+"""The README's examples run: its "Python API" block, as it stands, in a fresh process."""
+
+from __future__ import annotations
+
+import os
+import pty
+import re
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def python_api_block() -> str:
+    """The first ```python block under the README's "## Python API" heading."""
+    text = README.read_text()
+    section = text[text.index("\n## Python API\n") :]
+    match = re.search(r"```python\n(.*?)```", section, re.S)
+    assert match, "no python block under '## Python API'"
+    return match.group(1)
+
+
+def test_python_api_block_defines_what_it_uses():
+    # The new user's NameError (issue 20): `memfit.fit(model, x, y, ...)` with no x or y.
+    code = python_api_block()
+    compile(code, "README.md", "exec")
+    assert re.search(r"^x = ", code, re.M) and re.search(r"^y = ", code, re.M)
+
+
+@pytest.mark.slow
+def test_python_api_block_runs_and_shows_progress_in_a_terminal(tmp_path):
+    # stderr is a terminal (a pty), as for a user at a shell: find_batch_size and plan show
+    # their progress by default (issue 20: ~7 minutes without a line).
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MEMFIT_", "TF_CPU_BFC"))}
+    env["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    script = tmp_path / "python_api.py"
+    script.write_text(python_api_block())
+    master, slave = pty.openpty()
+    chunks: list[bytes] = []
+
+    def drain() -> None:  # a pty holds a few KiB: read it while the child writes
+        while True:
+            try:
+                data = os.read(master, 65536)
+            except OSError:
+                return
+            if not data:
+                return
+            chunks.append(data)
+
+    reader = threading.Thread(target=drain, daemon=True)
+    reader.start()
+    try:
+        proc = subprocess.run(
+            [sys.executable, str(script)],
+            cwd=tmp_path,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=slave,
+            text=True,
+            timeout=600,
+        )
+    finally:
+        os.close(slave)
+        reader.join(timeout=10)
+        os.close(master)
+    err = b"".join(chunks).decode("utf-8", "replace")
+    assert proc.returncode == 0, err[-3000:]
+    assert "memfit: finding the largest batch size" in err, err[-3000:]
+    assert re.search(r"trial +\d+: ", err), err[-3000:]
+    assert "memfit: planning batch 128" in err, err[-3000:]
+    assert "largest batch:" in proc.stdout and "batch 128:" in proc.stdout, proc.stdout
