@@ -40,6 +40,12 @@ NEAR_STEP = 0.125
 # region the rise went on past 15 steps (MobileNetV2 160 px, batch 32, 20 steps of
 # `model.fit`: 1009 MiB at the first, 1042-1062 at steps 2-6, 1088-1107 at steps 13-18).
 DEFAULT_SOAK_STEPS = 20
+# How much a size's peak over the soak's steps, back to back in a fresh process, comes above
+# its one-step trial peak, as the first soak assumes. MobileNetV2 96 px under 500 MiB
+# (2026-11-27): trials 31 at 425.6 MiB and 33 at 443.1, soaks 454.3 (x1.067) and 499.8
+# (x1.128); on a roomy card (2 GiB) the rise is larger, x1.12-1.22 at batch 32, as the
+# allocator has free chunks up to twice a request's size to hand out whole.
+SOAK_RISE = 1.10
 # An in-process search with a dataset hands its largest samples, at most this many, to the
 # child process that measures.
 CHILD_SAMPLES = 512
@@ -620,16 +626,13 @@ def _search(
         else:
             hi = guess
     # The soak: a size trains more steps, back to back, in a fresh process under the budget,
-    # and passes when its peak over them stays within the limit. The first soak is the
-    # largest size whose one-step trial fitted: near the limit a soak's peak rose little over
-    # it (MobileNetV2 96 px under 500 MiB: 32 fitted the 475 MiB limit in one step and 33 did
-    # not, and 34 trained 20 steps of model.fit under 500), though far more on a roomy card
-    # (x1.12-1.22 at batch 32 under 2 GiB), where free chunks larger than a request are handed
-    # out whole. A soak that peaks over the limit (or runs out of memory) shows its rise over
-    # the trial peak, and the next soak goes to the largest smaller size predicted to stay
-    # within the limit with that rise.
-    rise = 1.0
-    size = lo
+    # and passes when its peak over them stays within the limit. The first soak goes to the
+    # largest size whose one-step trial peak, raised by SOAK_RISE, is predicted to stay within
+    # the limit; a soak that peaks over the limit (or runs out of memory) shows its own rise
+    # over the trial peak, and the next soak goes to the largest smaller size predicted to
+    # stay within the limit with that rise.
+    rise = SOAK_RISE
+    size = _soak_size(peaks, lo, limit, rise) if soak_steps else lo
     while soak_steps and size >= 1:
         run.fresh_process()
         if trial(size, _predicted_peak(peaks, size, rise), soak=soak_steps):
