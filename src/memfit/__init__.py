@@ -3,7 +3,8 @@
 Public API (everything else is private):
 
 - `Budget`, `emulate`: the memory a device gives training, and emulating a smaller card.
-- `measure`, `Measurement`: what one training step really costs.
+- `measure`, `Measurement`: what one training step really costs; `Explanation`: what was
+  alive at its peak (`measure(..., explain=True)`).
 - `estimate`, `Estimate`: a step's peak predicted without running it, with a breakdown.
 - `find_batch_size`, `BatchSearchResult`: the largest batch that fits a budget.
 - `doctor`: preflight of this machine.
@@ -43,6 +44,7 @@ from memfit.errors import (
     WorkloadError,
 )
 from memfit.estimate import Estimate, estimate
+from memfit.explain import Explanation
 from memfit.fit import FitSummary, GuardedStep, Recovery, fit
 from memfit.measure import Measurement, measure, measure_many
 from memfit.models import load_model
@@ -66,6 +68,7 @@ __all__ = [
     "DoctorReport",
     "EmulationError",
     "Estimate",
+    "Explanation",
     "Finding",
     "FitSummary",
     "GuardedStep",
