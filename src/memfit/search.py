@@ -632,7 +632,8 @@ def _search(
     # over the trial peak, and the next soak goes to the largest smaller size predicted to
     # stay within the limit with that rise.
     rise = SOAK_RISE
-    size = _soak_size(peaks, lo, limit, rise) if soak_steps else lo
+    # At least batch 1, which fitted its trial: only a soak may say it does not train.
+    size = max(1, _soak_size(peaks, lo, limit, rise)) if soak_steps else lo
     while soak_steps and size >= 1:
         run.fresh_process()
         if trial(size, _predicted_peak(peaks, size, rise), soak=soak_steps):
