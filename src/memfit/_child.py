@@ -396,7 +396,8 @@ def confirm_plan(
 # Where the call being answered writes its result. `main` runs as `__main__` and fills the
 # list of the imported `memfit._child`, the module the handlers come from.
 _answer_path: list[str] = []
-# Share of the budget in use from which a quiet child is taken to wait for memory.
+# Share of the room above the resident bytes that a step must hold for a quiet child to be
+# taken to wait for memory.
 STALL_PRESSURE = 0.5
 
 
@@ -405,15 +406,17 @@ def _stall_exits(device: str, resident: int, limit: int | None = None) -> Any:
     retry (an OOM is then certain, see `AllocatorStallWatch`), answer OOM now and end the
     process instead of waiting out the 10 s retry. The child is used up after an OOM anyway.
 
-    With the budget's `limit`, a quiet spell counts only while at least `STALL_PRESSURE` of
-    it is in use: a request refused with more than that free would be a single tensor larger
-    than the rest of the step, and TensorFlow then raises after its retry all the same."""
+    A quiet spell counts only while the step holds at least `STALL_PRESSURE` of the room the
+    budget's `limit` leaves above the `resident` bytes: a request refused with more than that
+    free would be a single tensor larger than the rest of the step, and TensorFlow then
+    raises after its retry all the same. Without a limit (no emulated budget: the CPU
+    allocator is not capped) there is no watch."""
     import contextlib
 
     from memfit.backend import tf as tfb
     from memfit.sizes import format_size
 
-    if not _answer_path or not tfb.allocator_stall_detectable(device):
+    if not _answer_path or limit is None or not tfb.allocator_stall_detectable(device):
         return contextlib.nullcontext()
 
     def answer_oom() -> None:
@@ -439,7 +442,8 @@ def _stall_exits(device: str, resident: int, limit: int | None = None) -> Any:
 
     def pressed() -> bool:
         info = tfb.memory_info(device) or {}
-        return limit is None or info.get("current", 0) >= STALL_PRESSURE * limit
+        held = info.get("current", 0) - resident
+        return held >= STALL_PRESSURE * (limit - resident)
 
     return tfb.AllocatorStallWatch(answer_oom, pressed=pressed)
 
