@@ -16,6 +16,7 @@ from rich.table import Table
 from memfit.budget import Budget, resolve_budget
 from memfit.errors import MemfitError
 from memfit.models import MODEL_FORMS, check_model_spec
+from memfit.progress import candidate_line, trial_line
 from memfit.search import DEFAULT_SOAK_STEPS
 from memfit.sizes import format_size
 
@@ -551,26 +552,7 @@ def batch(
         status.update("Measuring batch 1 and 4")
 
         def show(trial: Any) -> None:
-            verdict = (
-                "[bold red]out of memory[/]"
-                if trial.oom
-                else "[green]fits[/]"
-                if trial.fits
-                else "[yellow]over the margin[/]"
-            )
-            err.print(
-                f"  trial {trial.batch_size:>6}: {verdict}  peak {format_size(trial.peak_bytes)}"
-                + (f"  (over {soak_steps} steps" if trial.soak else "")
-                + (
-                    f"{', ' if trial.soak else '  ('}predicted "
-                    f"{format_size(trial.predicted_peak_bytes)})"
-                    if trial.predicted_peak_bytes
-                    else ")"
-                    if trial.soak
-                    else ""
-                )
-                + f"  {trial.seconds:.1f} s"
-            )
+            err.print(f"  {trial_line(trial)}")
             status.update(f"Searching: {len(trials_seen) + 1} trials so far")
             trials_seen.append(trial)
 
@@ -672,23 +654,7 @@ def plan(
     from memfit.plan import plan as make_plan
 
     def show(c: Any) -> None:
-        verdict = (
-            f"[red]{c.error[:80]}[/]"
-            if c.error
-            else f"[bold red]did not hold: {c.recoveries[0][:80]}[/]"
-            if c.confirmed is False
-            else "[bold red]out of memory[/]"
-            if c.oom
-            else "[green]fits[/]"
-            if c.fits
-            else "[yellow]over the margin[/]"
-        )
-        err.print(
-            f"  {_plan_stage(c):<10} {c.precision:<15} remat {str(c.remat or 'none'):<12}"
-            f" K={c.micro_batches:<4} micro {c.micro_batch_size:<5} {verdict}  peak "
-            + format_size(c.peak_bytes if c.measured else c.predicted_peak_bytes)
-            + (f"  {c.step_seconds:.3f} s/batch" if c.step_seconds else "")
-        )
+        err.print(f"  {candidate_line(c)}")
 
     with err.status("Planning: estimating, measuring, confirming", spinner="dots"):
         result = make_plan(
