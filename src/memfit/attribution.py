@@ -1,4 +1,4 @@
-"""Which Keras layer an op belongs to, from its name scopes; shared by measure and estimate.
+"""Which Keras layer an op belongs to, and which kind of memory; shared by measure and estimate.
 
 Keras runs each layer's call under a name scope of the layer's name, and TensorFlow makes a
 scope name unique within a graph by appending `_1`, `_2`, ...: the first `conv2d` layer's ops
@@ -16,6 +16,19 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Sequence
 
+# The kinds of memory a step's bytes are attributed to, by `memfit.estimate`'s breakdown and
+# by `memfit measure --explain` alike (see `memfit.explain` for what each holds).
+KINDS = (
+    "weights",
+    "optimizer_slots",
+    "other_state",
+    "inputs",
+    "activations",
+    "gradients",
+    "temporaries",
+    "workspace",
+    "fragmentation",
+)
 _SUFFIX = re.compile(r"_\d+$")
 # Scopes TensorFlow adds around a function's body; never a layer.
 _WRAPPERS = ("StatefulPartitionedCall", "PartitionedCall")

@@ -32,20 +32,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from memfit.attribution import LayerTree, scope_segments, strip_suffix
+from memfit.attribution import KINDS, LayerTree, scope_segments, strip_suffix
 from memfit.sizes import format_size
 
-KINDS = (
-    "weights",
-    "optimizer_slots",
-    "other_state",
-    "inputs",
-    "activations",
-    "gradients",
-    "temporaries",
-    "workspace",
-    "fragmentation",
-)
 GRANULE = 256  # the BFC allocator's rounding
 OTHER = "(other)"
 RESIDENT_REST = "(resident, not a variable)"

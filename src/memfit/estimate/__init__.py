@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from memfit.attribution import KINDS
 from memfit.backend import tf as tfb
 from memfit.budget import Budget, as_budget, emulated_budget, emulated_memory_growth
 from memfit.errors import WorkloadError
@@ -24,17 +25,7 @@ from memfit.estimate.simulate import Replay, replay
 from memfit.sizes import format_size
 from memfit.workload import InputShape, Workload
 
-CATEGORIES = (
-    "weights",
-    "optimizer_slots",
-    "other_state",
-    "inputs",
-    "activations",
-    "gradients",
-    "temporaries",
-    "workspace",
-    "fragmentation",
-)
+CATEGORIES = KINDS  # the breakdown's kinds, shared with `measure --explain`
 PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
 REMAT_MODES = ("full", "activations", "larger_than", "list_of_layers")
 OPTIMIZERS = ("adam", "sgd")
