@@ -734,16 +734,20 @@ def _predicted_peak(peaks: dict[int, int], size: int, rise: float = 1.0) -> int 
 def _soak_size(peaks: dict[int, int], upper: int, limit: int, rise: float) -> int:
     """The largest size up to `upper` whose trial peak times `rise` stays within `limit`.
 
-    Peaks between measured sizes are interpolated (`_predicted_peak`); 0 when even the
-    smallest measured size is predicted over the limit.
+    Peaks between measured sizes are interpolated (`_predicted_peak`), which keeps them
+    non-decreasing in the size, so the size is bisected; 0 when even batch 1 is predicted
+    over the limit.
     """
-    size = upper
-    while size >= 1:
-        predicted = _predicted_peak(peaks, size, rise)
-        if predicted is None or predicted <= limit:
-            return size
-        size -= 1
-    return 0
+    if not peaks:
+        return upper
+    lo, hi = 0, upper  # lo holds (or is 0), every size above hi fails
+    while lo < hi:
+        middle = (lo + hi + 1) // 2
+        if (_predicted_peak(peaks, middle, rise) or 0) <= limit:
+            lo = middle
+        else:
+            hi = middle - 1
+    return lo
 
 
 def _envelope(peaks: dict[int, int]) -> dict[int, int]:
