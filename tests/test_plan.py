@@ -157,3 +157,37 @@ def test_plan_measures_only_the_finalists_and_confirms_the_fastest() -> None:
     assert (data["precision"], data["accumulation_steps"]) == ("float32", 2)
     assert chosen["confirmed"] and data["confirmed"]
     assert by_config[("mixed_float16", None, 1)]["confirmed"] is None
+
+
+def test_a_failed_choice_gives_way_to_the_next_fastest_not_blindly_to_more_k(monkeypatch) -> None:
+    # MobileNetV2 96 px, batch 16 under 150 MiB (2026-11-27): K=2 float32 measured 0.191 s
+    # and peaked over the limit in its confirmation; recompute K=1 was measured at 0.210 s.
+    # K=4 float32 (never measured) is expected slower than recompute K=1, so recompute goes
+    # next; a finalist slower than the larger K waits behind it.
+    from memfit.budget import Budget
+    from memfit.plan import _Planner
+
+    budget = Budget.from_size("150MiB")
+    planner = _Planner(16, budget, int(budget.usable_bytes * 0.95), {}, 1, None)
+    split = planner.candidate("float32", None, 2)
+    recompute = planner.candidate("float32", "memfit", 1)
+    slow = planner.candidate("mixed_float16", None, 1)
+    split.step_seconds, recompute.step_seconds, slow.step_seconds = 0.191, 0.210, 0.5
+    tried = []
+
+    def confirm(candidate, steps):
+        tried.append((candidate.precision, candidate.remat, candidate.micro_batches))
+        candidate.recoveries = [] if candidate is not split else ["peak over the limit"]
+        return candidate is not split and candidate.remat != "memfit"
+
+    monkeypatch.setattr(planner, "confirm", confirm)
+    chosen, how = planner.confirm_queue([split, recompute, slow], 20)
+    assert tried == [
+        ("float32", None, 2),
+        ("float32", "memfit", 1),
+        ("float32", None, 4),
+    ]
+    assert chosen is planner.find("float32", None, 4) and "K=2 float32 did not hold" in how
+    assert planner.expected_seconds(chosen, basis=split) == pytest.approx(
+        0.191 * (1 + 0.15 * 2) / (1 + 0.15)
+    )

@@ -585,6 +585,7 @@ def batch(
 @click.argument("model", metavar="MODEL")
 @click.option(
     "--batch-size",
+    "-b",
     "batch_size",
     type=click.IntRange(min=1),
     required=True,

@@ -269,9 +269,10 @@ def plan(
     several could be the fastest, or a smaller K is predicted near the limit — are measured
     in fresh child processes under the budget, and the fastest that fits is chosen. With
     `confirm` (the default) the choice then trains `confirm_steps` steps of `memfit.fit` in a
-    fresh process; if it needs a recovery or peaks over the limit, the next candidate (the
-    same configuration with more micro-batches, then the other finalists) is confirmed in
-    turn. A model the estimate cannot trace is planned from measurements alone.
+    fresh process; if it needs a recovery or peaks over the limit, the next fastest is
+    confirmed in turn: the other measured finalists, and the same configuration with more
+    micro-batches, its time scaled from the failed one's. A model the estimate cannot trace
+    is planned from measurements alone.
 
     Precision and recompute change how the model is built, so they are planned only for a
     MODEL string that builds it — a factory (`package.module:factory`) or a built-in
@@ -440,8 +441,11 @@ class _Planner:
         return self.confirm_queue(queue, confirm_steps)
 
     def confirm_queue(self, queue: list[Candidate], steps: int) -> tuple[Candidate | None, str]:
-        """Confirm candidates in order; after one fails, its configuration with more K next."""
+        """Confirm candidates in order; one that fails gives way to its configuration with
+        more K, queued by its expected time among the others (a measured finalist that is
+        faster than the larger K goes first)."""
         failed: list[str] = []
+        expected: dict[int, float] = {}  # seconds per batch of larger K queued, not measured
         while queue and len(failed) < MAX_CONFIRMATIONS:
             candidate = queue.pop(0)
             if self.confirm(candidate, steps):
@@ -459,7 +463,17 @@ class _Planner:
             )
             larger = [k for k in self.ks if k > candidate.micro_batches]
             if larger:
-                queue.insert(0, self.candidate(candidate.precision, candidate.remat, larger[0]))
+                bigger = self.candidate(candidate.precision, candidate.remat, larger[0])
+                expected[id(bigger)] = self.expected_seconds(bigger, basis=candidate)
+                position = next(
+                    (
+                        i
+                        for i, c in enumerate(queue)
+                        if expected.get(id(c), self.expected_seconds(c)) > expected[id(bigger)]
+                    ),
+                    len(queue),
+                )
+                queue.insert(position, bigger)
         if not failed:
             return None, ""  # nothing fitted to confirm
         return None, (
@@ -717,6 +731,18 @@ class _Planner:
             found = Candidate(precision, remat, k, math.ceil(self.batch_size / k))
             self.candidates.append(found)
         return found
+
+    def expected_seconds(self, candidate: Candidate, basis: Candidate | None = None) -> float:
+        """Seconds per batch: measured, else scaled from `basis` (a measured K of the same
+        configuration) by the cost of more micro-batches; unknown is infinite."""
+        if candidate.step_seconds is not None:
+            return candidate.step_seconds
+        if basis is not None and basis.step_seconds is not None:
+            scale = self.cost(*candidate.config, candidate.micro_batches) / self.cost(
+                *basis.config, basis.micro_batches
+            )
+            return basis.step_seconds * scale
+        return math.inf
 
     def cost(self, precision: str, remat: str | None, k: int) -> float:
         """Rough time per step relative to float32 without recompute, unsplit."""
