@@ -8,7 +8,9 @@ warm-up step, then `--repeats` steps; the highest peak, the median step time), t
 definition as every other memfit figure. The table gives the peak, its change against plain,
 the step time as a ratio to plain (same machine, same run), and "not applicable: <why>" for
 a variant that cannot build or run. Goal (issue 22): memfit's recompute at least 30% lower
-peak at no more than 1.4x the step time.
+peak at no more than 1.4x the step time, and the estimate of the recompute step within 5% of
+its measured peak (`estimate` column: plain and sqrt, estimated in the same child after the
+measurement, under the same emulated budget).
 
     python -m bench.recompute --quick                 # 2 small models (a few minutes)
     python -m bench.recompute --out results.json      # the issue's table (long on a CPU)
@@ -66,16 +68,26 @@ try:
     recompute = "sqrt" if variant == "sqrt" else None
     report = str(memfit.recompute(model, "sqrt").report) if recompute else None
     m = memfit.measure(model, batch, data=data, repeats=repeats, recompute=recompute)
+    estimated = None
+    if ESTIMATE and variant in ("plain", "sqrt"):
+        from memfit.estimate import estimate_workload
+        from memfit.workload import Workload
+        workload = Workload(model, data=data)
+        estimated = estimate_workload(workload, batch, recompute=recompute).peak_bytes
     emit({"peak": m.peak_bytes, "resident": m.resident_bytes, "oom": m.oom,
-          "step_seconds": m.step_seconds, "peaks": m.peaks_bytes, "report": report})
+          "step_seconds": m.step_seconds, "peaks": m.peaks_bytes, "report": report,
+          "estimate": estimated})
 except Exception as exc:
     from memfit.estimate import _not_applicable
     emit({"error": _not_applicable(exc)})
 """
 
 
-def run_variant(case: tuple[str, int, int, int], variant: str, repeats: int) -> dict[str, Any]:
-    """One variant of one model in a fresh child process."""
+def run_variant(
+    case: tuple[str, int, int, int], variant: str, repeats: int, estimate: bool = True
+) -> dict[str, Any]:
+    """One variant of one model in a fresh child process (plain and sqrt also estimated,
+    after the measurement, in the same child)."""
     name, side, batch, budget = case
     code = (
         CHILD.replace("ROOT", repr(ROOT))
@@ -84,6 +96,7 @@ def run_variant(case: tuple[str, int, int, int], variant: str, repeats: int) -> 
         .replace("BATCH", str(batch))
         .replace("REPEATS", str(repeats))
         .replace("VARIANT", repr(variant))
+        .replace("ESTIMATE", repr(estimate))
     )
     started = time.perf_counter()
     env = {"MEMFIT_MEMORY": f"{budget}MiB"}
@@ -102,6 +115,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2, help="measured steps per process")
     parser.add_argument("--only", help="comma-separated model names to run")
     parser.add_argument("--variants", help="comma-separated variants (plain,sqrt,remat full,...)")
+    parser.add_argument(
+        "--no-estimate", action="store_true", help="skip the estimate of plain and sqrt"
+    )
     args = parser.parse_args()
     cases = QUICK_CASES if args.quick else CASES
     if args.only:
@@ -116,7 +132,7 @@ def main() -> None:
     for case in cases:
         for variant in variants:
             console.print(f"{case[0]} {case[1]}px batch {case[2]}: {variant} ...")
-            result = run_variant(case, variant, args.repeats)
+            result = run_variant(case, variant, args.repeats, not args.no_estimate)
             rows.append(
                 {
                     "model": case[0],
@@ -128,7 +144,8 @@ def main() -> None:
                 }
             )
     table = Table(title="memfit recompute vs plain vs keras.RematScope (peak, step time)")
-    for column in ("model", "variant", "peak", "vs plain", "step s", "time x", "note"):
+    columns = ("model", "variant", "peak", "vs plain", "step s", "time x", "estimate", "note")
+    for column in columns:
         table.add_column(
             column, justify="left" if column in ("model", "variant", "note") else "right"
         )
@@ -150,6 +167,7 @@ def main() -> None:
                 "-",
                 "-",
                 "-",
+                "-",
                 note[:70],
             )
             continue
@@ -158,6 +176,10 @@ def main() -> None:
             row["peak_change"] = row["peak"] / plain["peak"] - 1
             row["time_ratio"] = row["step_seconds"] / plain["step_seconds"]
             change, ratio = f"{row['peak_change']:+.0%}", f"{row['time_ratio']:.2f}x"
+        estimated = "-"
+        if row.get("estimate"):
+            row["estimate_error"] = row["estimate"] / row["peak"] - 1
+            estimated = f"{row['estimate'] / MIB:.0f} MiB ({row['estimate_error']:+.1%})"
         table.add_row(
             f"{row['model']} {row['side']} b{row['batch']}",
             row["variant"],
@@ -165,6 +187,7 @@ def main() -> None:
             change,
             f"{row['step_seconds']:.2f}",
             ratio,
+            estimated,
             "",
         )
     console.print(table)
