@@ -116,11 +116,6 @@ def __getattr__(name: str) -> object:
     raise AttributeError(f"module 'memfit' has no attribute {name!r}")
 
 
-# A bad MEMFIT_MEMORY / MEMFIT_DEVICE under the `memfit` command: kept here for `cli.main`,
-# which prints it as one `memfit: error:` line (exit 2). `import memfit` itself never exits.
-_environment_error: MemfitError | None = None
-
-
 def _invoked_as_cli() -> bool:
     """Whether this process is the `memfit` command (console script or `python -m memfit`)."""
     import os
@@ -143,13 +138,16 @@ def _invoked_as_cli() -> bool:
 
 
 def _emulate_from_environment() -> None:
-    global _environment_error
+    # Under the `memfit` command a bad MEMFIT_MEMORY / MEMFIT_DEVICE is kept for `cli.main`,
+    # which prints it as one `memfit: error:` line (exit 2). `import memfit` itself never exits.
     try:
         emulate_from_environment()
     except MemfitError as error:
         if not _invoked_as_cli():
             raise
-        _environment_error = error
+        from memfit.emulate import defer_environment_error
+
+        defer_environment_error(error)
 
 
 _emulate_from_environment()

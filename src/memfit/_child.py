@@ -459,9 +459,9 @@ def dataset_size(spec: str) -> int:
 
 def load_dataset(spec: str) -> Any:
     """Call a `package.module:dataset_fn` that returns a tf.data.Dataset of (x, y) samples."""
-    from memfit.models import _call_factory
+    from memfit.models import call_factory
 
-    return _call_factory(spec)
+    return call_factory(spec)
 
 
 def _payload(call: Callable[[], Any]) -> dict[str, Any]:

@@ -1225,10 +1225,11 @@ def main(argv: list[str] | None = None) -> None:
     """Run the CLI: user errors become one line on stderr and exit status 2."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     warnings.showwarning = _show_warning
-    import memfit
+    from memfit.emulate import environment_error  # what `import memfit` kept, if anything
 
-    if memfit._environment_error is not None:  # a bad MEMFIT_MEMORY / MEMFIT_DEVICE
-        _fail(str(memfit._environment_error), 2)
+    error = environment_error()
+    if error is not None:  # a bad MEMFIT_MEMORY / MEMFIT_DEVICE
+        _fail(str(error), 2)
     try:
         cli.main(args=argv, prog_name="memfit", standalone_mode=False)
     except click.exceptions.Exit as exc:

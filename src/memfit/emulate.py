@@ -184,6 +184,22 @@ def emulate_from_environment() -> Budget | None:
         raise type(exc)(f"{name}={value}: {exc}") from None
 
 
+# A bad MEMFIT_MEMORY / MEMFIT_DEVICE under the `memfit` command, kept by `import memfit` for
+# `cli.main`, which prints it as one `memfit: error:` line (exit 2). The import never exits.
+_deferred_error: MemfitError | None = None
+
+
+def defer_environment_error(error: MemfitError) -> None:
+    """Keep `emulate_from_environment`'s error for the `memfit` command to report."""
+    global _deferred_error
+    _deferred_error = error
+
+
+def environment_error() -> MemfitError | None:
+    """The error `defer_environment_error` kept (a bad MEMFIT_MEMORY / MEMFIT_DEVICE), if any."""
+    return _deferred_error
+
+
 def ensure_memory_statistics() -> None:
     """Make sure this process can measure memory, capping nothing that is not already capped.
 

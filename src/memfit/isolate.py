@@ -421,6 +421,7 @@ def measure_in_child(
     `classes` (a built-in's classes) and `safe_mode` (False loads a trusted `.keras` file
     with Lambda layers) reach the child's `load_model`.
     """
+    from memfit.workload import shape_list
 
     check_child_arguments(optimizer, loss, data)
     with tempfile.TemporaryDirectory(prefix="memfit-model-") as tmp:
@@ -431,7 +432,7 @@ def measure_in_child(
                 "spec": spec,
                 "batch_size": int(batch_size),
                 "data": data,
-                "input_shape": [list(s) for s in _shapes(input_shape)] if input_shape else None,
+                "input_shape": [list(s) for s in shape_list(input_shape)] if input_shape else None,
                 "optimizer": optimizer,
                 "loss": loss,
                 "repeats": repeats,
@@ -496,11 +497,6 @@ def measurement_from_child(result: dict[str, Any], batch_size: int, budget: Budg
         Budget(**{**budget_data, "notes": tuple(budget_data["notes"])}) if budget_data else budget
     )
     return measurement
-
-
-def _shapes(shape: Any) -> list[Any]:
-    items = list(shape)
-    return items if items and isinstance(items[0], (list, tuple)) else [items]
 
 
 def save_for_child(model: Any, folder: str) -> str:

@@ -100,7 +100,7 @@ def load_model(
     if is_file_spec(spec):
         model = _load_file(keras, spec, safe_mode)
     elif ":" in spec:
-        model = _call_factory(spec)
+        model = call_factory(spec)
     else:
         model = _build_builtin(keras, spec, input_shape, classes)
     if not isinstance(model, keras.Model):
@@ -131,7 +131,12 @@ def _load_file(keras: Any, path: str, safe_mode: bool) -> Any:
         ) from None
 
 
-def _call_factory(spec: str) -> Any:
+def call_factory(spec: str) -> Any:
+    """Import `package.module` of a `package.module:factory` spec and return `factory()`.
+
+    The current directory is put on the import path. Whatever the import or the call raises, and a
+    missing or uncallable `factory`, becomes a `ModelLoadError` that says which.
+    """
     module_name, _, attr = spec.partition(":")
     cwd = os.getcwd()
     if cwd not in sys.path:

@@ -314,7 +314,8 @@ def plan(
         ```
     """
     from memfit.fit import _positive_int
-    from memfit.isolate import _shapes, check_child_arguments, save_for_child
+    from memfit.isolate import check_child_arguments, save_for_child
+    from memfit.workload import shape_list
 
     batch_size = _positive_int(batch_size, "batch_size")
     confirm_steps = _positive_int(confirm_steps, "confirm_steps")
@@ -356,7 +357,7 @@ def plan(
             child_args={
                 "spec": spec,
                 "data": data,
-                "input_shape": [list(s) for s in _shapes(input_shape)] if input_shape else None,
+                "input_shape": [list(s) for s in shape_list(input_shape)] if input_shape else None,
                 "optimizer": optimizer,
                 "loss": loss,
                 "classes": classes,

@@ -16,7 +16,7 @@ from memfit.errors import MemfitError, WorkloadError
 from memfit.measure import Measurement, measure_workload
 from memfit.progress import Progress, shows_progress
 from memfit.sizes import format_size
-from memfit.workload import InputShape, Workload
+from memfit.workload import InputShape, Workload, shape_list
 
 DEFAULT_MARGIN = 0.05
 # Without a cap, the search stops doubling here.
@@ -335,7 +335,7 @@ class _TrialRunner:
         classes: int | None = None,
         safe_mode: bool = True,
     ) -> None:
-        from memfit.isolate import _shapes, check_child_arguments, save_for_child
+        from memfit.isolate import check_child_arguments, save_for_child
 
         self.budget = budget
         self.worst_case = worst_case
@@ -349,7 +349,7 @@ class _TrialRunner:
         self._local_trials = 0
         self._child_kwargs: dict[str, Any] | None = None
         self.note: str | None = None
-        shapes = [list(s) for s in _shapes(input_shape)] if input_shape else None
+        shapes = [list(s) for s in shape_list(input_shape)] if input_shape else None
         if isolated:
             model_spec = model if isinstance(model, str) else save_for_child(model, self._tmp.name)
             check_child_arguments(optimizer, loss, data)

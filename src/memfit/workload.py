@@ -402,14 +402,20 @@ class Workload:
         return result
 
 
+def shape_list(shape: Any) -> list[Any]:
+    """One sample's shape, or a list of shapes (one per input), as a list of shapes.
+
+    `(224, 224, 3)` gives `[[224, 224, 3]]`; `[(8,), (4, 4)]` gives `[(8,), (4, 4)]`. Nothing
+    is converted or checked (see `Workload` for that).
+    """
+    items = list(shape)
+    return items if items and isinstance(items[0], (list, tuple)) else [items]
+
+
 def _normalise_shapes(shape: InputShape | None) -> list[tuple[int, ...]] | None:
     if shape is None:
         return None
-    items = list(shape)
-    if items and isinstance(items[0], (list, tuple)):
-        shapes = [tuple(int(d) for d in s) for s in items]
-    else:
-        shapes = [tuple(int(d) for d in items)]
+    shapes = [tuple(int(d) for d in s) for s in shape_list(shape)]
     for s in shapes:
         if not s or any(d <= 0 for d in s):
             raise WorkloadError(f"input shape {s} must be positive dimensions, e.g. 224,224,3")
