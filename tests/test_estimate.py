@@ -305,7 +305,7 @@ def test_estimate_is_close_to_the_measured_peak(results):
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["factories:small_cnn", "--batch-size", "0"], "batch size must be at least 1"),
+        (["factories:small_cnn", "--batch-size", "0"], "batch size must be a whole number"),
         (["factories:small_cnn", "-b", "4", "--precision", "float8"], "unknown precision"),
         (["factories:small_cnn", "-b", "4", "--remat", "sometimes"], "unknown remat"),
     ],

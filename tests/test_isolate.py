@@ -36,7 +36,7 @@ def test_oom_after_a_smaller_batch_comes_back_instead_of_hanging():
 
 
 def test_child_errors_keep_their_message():
-    with pytest.raises(MemfitError, match="batch size must be at least 1"):
+    with pytest.raises(MemfitError, match="batch size must be a whole number of at least 1"):
         run_in_child(
             "memfit._child:measure_spec",
             {

@@ -267,8 +267,8 @@ def test_cli_batch_json_and_errors():
     assert data["trials"][0]["batch_size"] == 1
 
     for args, fragment in (
-        (["--margin", "1.5"], "not a share of the budget"),
-        (["--max-batch", "0"], "not a batch size"),
+        (["--margin", "1.5"], "margin must be a share of the budget from 0 to below 1"),
+        (["--max-batch", "0"], "max_batch must be a whole number of at least 1"),
         (["--soak-steps", "-1"], "'--soak-steps': -1 is not in the range"),
         (["--memory", "24MiB"], "weights and optimizer state alone"),
     ):

@@ -83,9 +83,10 @@ def open_measurer(
         importlib.import_module(name)
 
     from memfit.backend import tf as tfb
+    from memfit.checks import check_batch_size
     from memfit.errors import MemfitError
     from memfit.isolate import RESIDENT_MARK
-    from memfit.measure import _check_batch_size, measure_workload
+    from memfit.measure import measure_workload
     from memfit.models import load_model
     from memfit.workload import Workload
 
@@ -152,7 +153,7 @@ def open_measurer(
         continuous: bool = False,
         explain: bool = False,
     ) -> dict[str, Any]:
-        _check_batch_size(batch_size)
+        check_batch_size(batch_size)
         tfb.require_memory_stats(device)
         stall = _stall_exits(
             device, info["current"] if info else 0, budget.usable_bytes if budget else None

@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from memfit.budget import Budget, resolve_budget
+from memfit.checks import DEFAULT_MARGIN, check_batch_size, check_margin, check_positive_int
 from memfit.errors import MemfitError
 from memfit.models import MODEL_FORMS, check_model_spec
 from memfit.progress import candidate_line, trial_line
@@ -101,15 +102,20 @@ def require_growth_target() -> None:
     os.environ[tfb.ENV_GROWTH] = "true"
 
 
+def _checked(check: Callable[..., Any], value: Any, *args: Any, param_hint: Any = None) -> Any:
+    """`check(value, *args)` (a `memfit.checks` check), its error as a bad option (exit 2)."""
+    try:
+        return check(value, *args)
+    except MemfitError as exc:
+        raise click.BadParameter(str(exc), param_hint=param_hint) from None
+
+
 def _batch_sizes(_ctx: click.Context, _param: click.Parameter, value: str) -> list[int]:
     sizes = []
     for part in str(value).split(","):
         part = part.strip()
-        if not part.lstrip("-").isdigit() or int(part) < 1:
-            raise click.BadParameter(
-                f"{part!r} is not a batch size; give whole numbers of at least 1, e.g. 8 or 1,4,16"
-            )
-        sizes.append(int(part))
+        number = int(part) if part.lstrip("-").isdigit() else part
+        sizes.append(_checked(check_batch_size, number))
     return sizes
 
 
@@ -482,11 +488,7 @@ def _render_measurements(model: str, results: list[Any]) -> None:
 
 # -- batch ----------------------------------------------------------------------------------
 def _margin(_ctx: click.Context, _param: click.Parameter, value: float) -> float:
-    if not 0 <= value < 1:
-        raise click.BadParameter(
-            f"{value} is not a share of the budget; give a number from 0 to below 1, e.g. 0.05"
-        )
-    return value
+    return _checked(check_margin, value)
 
 
 @cli.command()
@@ -495,7 +497,7 @@ def _margin(_ctx: click.Context, _param: click.Parameter, value: float) -> float
 @click.option(
     "--margin",
     type=float,
-    default=0.05,
+    default=DEFAULT_MARGIN,
     show_default=True,
     callback=_margin,
     help="Share of the budget kept free at the batch found.",
@@ -539,10 +541,8 @@ def batch(
     With --data, the trials use the dataset's largest samples, so the answer holds for all of
     them. Without --memory or --device, the budget is this device's free memory.
     """
-    if max_batch is not None and max_batch < 1:
-        raise click.BadParameter(
-            f"{max_batch} is not a batch size; give at least 1", param_hint="'--max-batch'"
-        )
+    if max_batch is not None:
+        _checked(check_positive_int, max_batch, "max_batch", param_hint="'--max-batch'")
     check_model_spec(model)
     budget = apply_budget(memory, device) or Budget.from_device()
     from memfit.search import find_batch_size
@@ -594,7 +594,7 @@ def batch(
 @click.option(
     "--margin",
     type=float,
-    default=0.05,
+    default=DEFAULT_MARGIN,
     show_default=True,
     callback=_margin,
     help="Share of the budget kept free.",
@@ -1064,8 +1064,7 @@ def estimate(
     what-ifs.
     """
     check_model_spec(model)
-    if batch_size < 1:
-        raise MemfitError(f"batch size must be at least 1, got {batch_size}")
+    check_batch_size(batch_size)
     if precision == "float32":
         precision = None
     budget = apply_budget(memory, device)

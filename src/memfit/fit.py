@@ -14,6 +14,7 @@ import numpy as np
 from memfit.accumulate import AccumulatingStep
 from memfit.backend import tf as tfb
 from memfit.budget import as_budget, emulated_budget
+from memfit.checks import check_batch_size, check_positive_int
 from memfit.errors import MemfitError
 from memfit.sizes import format_size
 
@@ -150,7 +151,7 @@ class GuardedStep:
         if guard_update not in (True, False, "auto"):
             raise MemfitError(f"guard_update must be True, False or 'auto', got {guard_update!r}")
         self.model = model
-        self.micro_batches = _positive_int(micro_batches, "micro_batches")
+        self.micro_batches = check_positive_int(micro_batches, "micro_batches")
         self.guard_update = guard_update
         self.on_recovery = on_recovery
         self.verbose = verbose
@@ -407,7 +408,7 @@ def fit(
     _check_model(model)
     tf = tfb.import_tf()
     if batch_size is not None:
-        batch_size = _positive_int(batch_size, "batch_size")
+        batch_size = check_batch_size(batch_size)
     if getattr(model, "steps_per_execution", 1) != 1:
         raise MemfitError(
             "memfit.fit needs steps_per_execution=1 (it guards each step on its own); "
@@ -628,12 +629,6 @@ def _check_model(model: Any, custom_loop: bool = False) -> None:
             f"micro-batches; use memfit.GuardedStep with a compiled model that keeps Keras' "
             f"train_step, or train it with model.fit"
         )
-
-
-def _positive_int(value: Any, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise MemfitError(f"{name} must be a positive whole number, got {value!r}")
-    return int(value)
 
 
 def _signature(data: Any) -> tuple[str, list[list[int]], int]:

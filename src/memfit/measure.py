@@ -13,6 +13,7 @@ import numpy as np
 
 from memfit.backend import tf as tfb
 from memfit.budget import Budget, as_budget, emulated_budget
+from memfit.checks import check_batch_size, check_positive_int
 from memfit.errors import WorkloadError
 from memfit.sizes import format_size
 from memfit.workload import InputShape, Workload
@@ -177,9 +178,8 @@ def measure(
         print(memfit.measure(model, batch_size=16))
         ```
     """
-    _check_batch_size(batch_size)
-    if repeats < 1:
-        raise WorkloadError(f"repeats must be at least 1, got {repeats}")
+    check_batch_size(batch_size)
+    check_positive_int(repeats, "repeats")
     if isolated:
         from memfit.isolate import measure_in_child
 
@@ -221,13 +221,6 @@ def measure(
         micro_batches=micro_batches,
         explain=explain,
     )
-
-
-def _check_batch_size(batch_size: Any) -> None:
-    if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)):
-        raise WorkloadError(f"batch size must be a whole number, got {batch_size!r}")
-    if batch_size < 1:
-        raise WorkloadError(f"batch size must be at least 1, got {batch_size}")
 
 
 def measure_workload(
@@ -441,7 +434,7 @@ def measure_many(
 ) -> list[Measurement]:
     """Measure several batch sizes in ascending order (one warm-up each); see `measure`."""
     for size in batch_sizes:
-        _check_batch_size(size)
+        check_batch_size(size)
     return [measure(model, size, **kwargs) for size in sorted(batch_sizes)]
 
 

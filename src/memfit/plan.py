@@ -21,11 +21,11 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from memfit.budget import Budget, as_budget, emulated_budget
+from memfit.checks import DEFAULT_MARGIN, check_batch_size, check_margin, check_positive_int
 from memfit.errors import MeasurementError, MemfitError
 from memfit.progress import Progress, shows_progress
 from memfit.sizes import format_size
 
-DEFAULT_MARGIN = 0.05
 DEFAULT_CONFIRM_STEPS = 20
 PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
 # "full" is left out by default: on the TF backend it raised inside Functional.call.
@@ -313,14 +313,12 @@ def plan(
         print(p.summary())
         ```
     """
-    from memfit.fit import _positive_int
     from memfit.isolate import check_child_arguments, save_for_child
     from memfit.workload import shape_list
 
-    batch_size = _positive_int(batch_size, "batch_size")
-    confirm_steps = _positive_int(confirm_steps, "confirm_steps")
-    if not (isinstance(margin, (int, float)) and 0 <= margin < 1):
-        raise MemfitError(f"margin must be a share of the budget from 0 to below 1, got {margin!r}")
+    batch_size = check_batch_size(batch_size)
+    confirm_steps = check_positive_int(confirm_steps, "confirm_steps")
+    check_margin(margin)
     resolved = as_budget(budget) or emulated_budget()
     if resolved is None:
         raise MemfitError(

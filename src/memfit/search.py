@@ -12,13 +12,13 @@ from typing import Any
 
 from memfit.backend import tf as tfb
 from memfit.budget import Budget, as_budget, emulated_budget
+from memfit.checks import DEFAULT_MARGIN, check_margin, check_positive_int, check_soak_steps
 from memfit.errors import MemfitError, WorkloadError
 from memfit.measure import Measurement, measure_workload
 from memfit.progress import Progress, shows_progress
 from memfit.sizes import format_size
 from memfit.workload import InputShape, Workload, shape_list
 
-DEFAULT_MARGIN = 0.05
 # Without a cap, the search stops doubling here.
 DEFAULT_MAX_BATCH = 65536
 PROBE_BATCH = 4
@@ -277,12 +277,10 @@ def find_batch_size(
         print(result.batch_size, result.summary())
         ```
     """
-    if not (isinstance(margin, (int, float)) and 0 <= margin < 1):
-        raise MemfitError(f"margin must be a share of the budget from 0 to below 1, got {margin!r}")
-    if max_batch is not None and (isinstance(max_batch, bool) or int(max_batch) < 1):
-        raise MemfitError(f"max batch must be at least 1, got {max_batch!r}")
-    if isinstance(soak_steps, bool) or not isinstance(soak_steps, int) or soak_steps < 0:
-        raise MemfitError(f"soak steps must be a whole number from 0, got {soak_steps!r}")
+    margin = check_margin(margin)
+    if max_batch is not None:
+        max_batch = check_positive_int(max_batch, "max_batch")
+    soak_steps = check_soak_steps(soak_steps)
     resolved = as_budget(budget) or emulated_budget()
     if resolved is None:
         raise MemfitError(
@@ -303,7 +301,7 @@ def find_batch_size(
         safe_mode=safe_mode,
     )
     try:
-        result = _search(runner, resolved, max_batch, float(margin), soak_steps, on_trial)
+        result = _search(runner, resolved, max_batch, margin, soak_steps, on_trial)
     finally:
         runner.close()
     result.seconds = time.perf_counter() - started

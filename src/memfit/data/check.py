@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from memfit.backend import tf as tfb
+from memfit.checks import check_batch_size
 from memfit.data.records import expand_paths, read_records
 from memfit.data.schema import BOX_KEYS, Feature, get_schema, load_label_map
 from memfit.errors import DataError
@@ -239,8 +240,7 @@ def check(
     import time
 
     started = time.perf_counter()
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise DataError(f"batch size must be a whole number of at least 1, got {batch_size!r}")
+    check_batch_size(batch_size, error=DataError)
     features = get_schema(schema)
     classes = load_label_map(label_map) if isinstance(label_map, str) else label_map
     files = expand_paths(paths)

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from memfit.backend import tf as tfb
+from memfit.checks import check_batch_size, check_positive_int
 from memfit.data.records import expand_paths, is_gzip
 from memfit.errors import DataError
 
@@ -148,8 +149,8 @@ def detection_pipeline(
     size = (image_size, image_size) if isinstance(image_size, int) else image_size
     if size is not None and (len(size) != 2 or min(size) < 1):
         raise DataError(f"image_size must be S or (H, W) of positive ints, got {image_size!r}")
-    if batch_size < 1 or max_objects < 1:
-        raise DataError("batch_size and max_objects must be at least 1")
+    check_batch_size(batch_size, error=DataError)
+    check_positive_int(max_objects, "max_objects", error=DataError)
     gz = {is_gzip(p) for p in paths}
     if len(gz) > 1:
         raise DataError("mix of gzip and plain TFRecord files; give one kind per pipeline")

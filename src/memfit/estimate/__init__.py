@@ -20,6 +20,7 @@ from typing import Any
 from memfit.attribution import KINDS
 from memfit.backend import tf as tfb
 from memfit.budget import Budget, as_budget, emulated_budget, emulated_memory_growth
+from memfit.checks import check_batch_size
 from memfit.errors import WorkloadError
 from memfit.estimate.simulate import Replay, replay
 from memfit.sizes import format_size
@@ -124,7 +125,7 @@ def estimate_workload(workload: Workload, batch_size: int, recompute: Any = None
     from memfit.backend import tf_graph
     from memfit.recompute import as_recompute
 
-    _check_batch_size(batch_size)
+    check_batch_size(batch_size)
     optimizer = workload.model.optimizer
     if optimizer is not None and not getattr(optimizer, "built", True):
         optimizer.build(workload.model.trainable_variables)
@@ -160,12 +161,6 @@ def _sample_shapes(workload: Workload) -> list[tuple[int, ...]]:
         return workload.sample_shapes()
     except WorkloadError:
         return []
-
-
-def _check_batch_size(batch_size: Any) -> None:
-    from memfit.measure import _check_batch_size as check
-
-    check(batch_size)
 
 
 def estimate(
@@ -217,7 +212,7 @@ def estimate(
         print(est, est.breakdown)
         ```
     """
-    _check_batch_size(batch_size)
+    check_batch_size(batch_size)
     progress = on_progress or (lambda _text: None)
     _check_choice("precision", precision, PRECISIONS)
     _check_choice("remat", remat, REMAT_MODES)

@@ -1,0 +1,82 @@
+"""Checks of the arguments memfit's analyses share, each with one error text.
+
+A batch size, a count (steps, repeats, micro-batches, the largest batch to try), the soak's
+steps and the margin (the share of the budget kept free) are checked here and nowhere else,
+so that `memfit.measure`, `estimate`, `find_batch_size`, `plan`, `fit`, the child processes
+and the CLI say the same thing about the same mistake. The margin's default lives here too.
+
+This module imports nothing of memfit but its errors, so any module may use it.
+"""
+
+from __future__ import annotations
+
+import numbers
+from typing import Any
+
+from memfit.errors import MemfitError, WorkloadError
+
+DEFAULT_MARGIN = 0.05
+"""Share of the budget kept free by default (the peak stays below 95% of it)."""
+
+
+def check_whole_number(
+    value: Any, name: str, *, minimum: int = 1, error: type[MemfitError] = WorkloadError
+) -> int:
+    """Return `value` as an int when it is a whole number of at least `minimum`, else raise.
+
+    A bool is not a whole number here, nor is a float such as 2.0 or a string such as "8";
+    NumPy integers are.
+
+    Args:
+        value: the argument to check.
+        name: how the message names it (the parameter's name, e.g. `"micro_batches"`).
+        minimum: the smallest value allowed.
+        error: the `MemfitError` subclass to raise (callers keep the class they raised before).
+
+    Raises:
+        MemfitError: `error`, with the text "NAME must be a whole number of at least MINIMUM,
+            got VALUE".
+    """
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
+        raise error(f"{name} must be a whole number of at least {minimum}, got {value!r}")
+    return int(value)
+
+
+def check_positive_int(value: Any, name: str, *, error: type[MemfitError] = WorkloadError) -> int:
+    """Return `value` as an int when it is a whole number of at least 1 (steps, repeats, K...).
+
+    Raises:
+        MemfitError: `error` (default `WorkloadError`): "NAME must be a whole number of at
+            least 1, got VALUE".
+    """
+    return check_whole_number(value, name, minimum=1, error=error)
+
+
+def check_batch_size(value: Any, *, error: type[MemfitError] = WorkloadError) -> int:
+    """Return a batch size as an int when it is a whole number of at least 1.
+
+    Raises:
+        MemfitError: `error` (default `WorkloadError`): "batch size must be a whole number of
+            at least 1, got VALUE".
+    """
+    return check_whole_number(value, "batch size", minimum=1, error=error)
+
+
+def check_soak_steps(value: Any) -> int:
+    """Return the soak's steps as an int when a whole number from 0 (0 skips the soak).
+
+    Raises:
+        WorkloadError: "soak_steps must be a whole number of at least 0, got VALUE".
+    """
+    return check_whole_number(value, "soak_steps", minimum=0)
+
+
+def check_margin(value: Any) -> float:
+    """Return the margin as a float when it is a share of the budget from 0 to below 1.
+
+    Raises:
+        MemfitError: "margin must be a share of the budget from 0 to below 1, got VALUE".
+    """
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 <= value < 1:
+        raise MemfitError(f"margin must be a share of the budget from 0 to below 1, got {value!r}")
+    return float(value)
