@@ -159,8 +159,9 @@ def _print_json(data: Any) -> None:
 def cli() -> None:
     """memfit: make TensorFlow/Keras training fit in memory and stay alive.
 
-    Every command takes --memory SIZE or --device CARD to emulate a smaller card (real
-    out-of-memory errors beyond it), and --json for machine-readable output.
+    doctor, estimate, measure, batch and plan take --memory SIZE or --device CARD to emulate
+    a smaller card (real out-of-memory errors beyond it; demo takes --memory); every command
+    takes --json for machine-readable output.
     """
 
 

@@ -459,10 +459,10 @@ class Demo:
 
     def _estimate(self, model: str, data: str) -> tuple[bool, dict[str, Any]]:
         # A measured peak is fixed per process, not per model (the executor's order of ops
-        # changes from one process to the next; see README, "What it predicts"): the estimate
-        # is compared with the median of MEASURED_PROCESSES fresh processes, as the accuracy
-        # benchmark does. The data check measured the step once already (a fresh child, same
-        # model, batch and image size); `memfit measure` measures the rest.
+        # changes from one process to the next; see docs/estimate.md, "What it predicts"):
+        # the estimate is compared with the median of MEASURED_PROCESSES fresh processes, as
+        # the accuracy benchmark does. The data check measured the step once already (a fresh
+        # child, same model, batch and image size); `memfit measure` measures the rest.
         code, out, stderr = self.memfit(
             "estimate", model, "--data", data, "--batch-size", str(BATCH), "--no-what-ifs"
         )
