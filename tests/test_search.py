@@ -10,7 +10,10 @@ import json
 import pytest
 from helpers import run_cli, run_isolated
 
-from memfit.search import _envelope, _next_guess, _predicted_peak, _soak_size
+from memfit.search.strategy import next_guess as _next_guess
+from memfit.search.strategy import peak_envelope as _envelope
+from memfit.search.strategy import predicted_peak as _predicted_peak
+from memfit.search.strategy import soak_size as _soak_size
 
 BUDGET_MIB = 256
 FIT = """

@@ -1,0 +1,433 @@
+"""Search: the largest batch size that fits a budget, found from measurements.
+
+The package's parts: `strategy` (pure decisions: the next size to try from the peaks seen,
+the bracket, the soak's size and rise, the margin's limit) and `trials` (the child processes
+that measure each size). This module holds the public API, the result, and the loop that
+asks the strategy for a size and the trials for its peak.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from memfit.budget import Budget, as_budget, emulated_budget
+from memfit.checks import DEFAULT_MARGIN, check_margin, check_positive_int, check_soak_steps
+from memfit.errors import MemfitError
+from memfit.progress import Progress, shows_progress
+from memfit.search import strategy
+from memfit.search.strategy import (
+    CALIBRATION_GROWTH,
+    DEFAULT_MAX_BATCH,
+    DEFAULT_SOAK_STEPS,
+    FAR_SHORTFALL,
+    NEAR_STEP,
+    PROBE_BATCH,
+    SOAK_RISE,
+)
+from memfit.search.trials import CHILD_SAMPLES, TrialRunner
+from memfit.sizes import format_size
+from memfit.workload import InputShape
+
+__all__ = [
+    "CALIBRATION_GROWTH",
+    "CHILD_SAMPLES",
+    "DEFAULT_MARGIN",
+    "DEFAULT_MAX_BATCH",
+    "DEFAULT_SOAK_STEPS",
+    "FAR_SHORTFALL",
+    "NEAR_STEP",
+    "PROBE_BATCH",
+    "SOAK_RISE",
+    "BatchSearchResult",
+    "Trial",
+    "TrialRunner",
+    "find_batch_size",
+]
+
+
+@dataclass
+class Trial:
+    """One measured batch size in a search.
+
+    `fresh`: the first trial of a fresh process (later ones run on an allocator that earlier
+    trials used). `deciding`: one of the two trials the answer rests on (the largest size
+    that fits, the smallest that fails). `steps`: training steps run (a warm-up in a fresh
+    process, then the measured ones; the peak is the largest of the measured). `soak`: the
+    steps that check a size found holds over more steps of training, from a fresh start.
+    """
+
+    batch_size: int
+    oom: bool
+    peak_bytes: int | None
+    seconds: float
+    predicted_peak_bytes: int | None = None
+    fits: bool = False
+    deciding: bool = False
+    fresh: bool = False
+    steps: int = 2
+    soak: bool = False
+
+
+@dataclass
+class BatchSearchResult:
+    """The largest batch that fits, and how it was found.
+
+    Attributes:
+        batch_size: the largest batch whose measured peak stays within the budget less the
+            margin; 0 when even batch 1 does not fit.
+        margin: share of the budget kept free (0.05: the peak stays below 95% of it).
+        peak_bytes: measured peak at `batch_size` (at batch 1 when nothing fits).
+        budget: the budget searched against.
+        trials: every measured size in order, with peak or OOM and time.
+        limit_bytes: `budget * (1 - margin)`, the most a fitting peak may reach.
+        failing_batch_size: the smallest size seen failing (OOM or over the limit), if any.
+        stopped_by: why the search ended: `"bracket"` (a passing and a failing size next to
+            each other or within the margin), `"max_batch"`, `"dataset_size"`, `"nothing_fits"`.
+        worst_case_samples: trials used the dataset's largest samples.
+        largest_sample: shapes of that largest sample, when a dataset was given.
+        seconds: wall time of the search.
+        decided_in: `"child_process"` (the trials ran in a child process, replaced after an
+            OOM) or `"this_process"` (the model could not be saved for a child).
+        soak_steps: measured steps the answer trained before it was given (0: not soaked).
+    """
+
+    @property
+    def confirmed_by(self) -> str:
+        """How the answer was checked before it was given, for people and JSON."""
+        if not self.fits:
+            return "nothing fits"
+        if self.soak_steps:
+            return (
+                f"trained {self.soak_steps} steps of model.fit's train function back to back "
+                f"in a fresh process, after a warm-up step, peaking at "
+                f"{format_size(self.peak_bytes)}: within {format_size(self.limit_bytes)} "
+                f"(the budget less the {self.margin:.0%} margin)"
+            )
+        return "not confirmed: answered from the search's one-step trials (soak steps 0)"
+
+    batch_size: int
+    margin: float
+    peak_bytes: int | None
+    budget: Budget
+    trials: list[Trial] = field(default_factory=list)
+    limit_bytes: int = 0
+    failing_batch_size: int | None = None
+    stopped_by: str = "bracket"
+    worst_case_samples: bool = False
+    largest_sample: dict[str, Any] | None = None
+    seconds: float = 0.0
+    decided_in: str = "child_process"
+    soak_steps: int = 0
+
+    @property
+    def headroom_bytes(self) -> int | None:
+        """Budget left above the peak at `batch_size`."""
+        if self.peak_bytes is None or self.batch_size == 0:
+            return None
+        return self.budget.usable_bytes - self.peak_bytes
+
+    @property
+    def fits(self) -> bool:
+        """Whether any batch size fits."""
+        return self.batch_size > 0
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict (sizes in bytes, times in seconds)."""
+        return {
+            "batch_size": self.batch_size,
+            "margin": self.margin,
+            "peak_bytes": self.peak_bytes,
+            "headroom_bytes": self.headroom_bytes,
+            "limit_bytes": self.limit_bytes,
+            "budget": self.budget.to_dict(),
+            "failing_batch_size": self.failing_batch_size,
+            "stopped_by": self.stopped_by,
+            "worst_case_samples": self.worst_case_samples,
+            "largest_sample": self.largest_sample,
+            "trials": [asdict(t) for t in self.trials],
+            "decided_in": self.decided_in,
+            "soak_steps": self.soak_steps,
+            "confirmed_by": self.confirmed_by,
+            "search_seconds": self.seconds,
+        }
+
+    def summary(self) -> str:
+        """One or two sentences for people."""
+        if not self.fits:
+            return (
+                f"even batch size 1 does not fit: it needs {_at_least(self)} and the budget "
+                f"is {format_size(self.budget.usable_bytes)} ({self.budget.name}). Run "
+                f"`memfit plan` to see what would make it fit (mixed precision, recompute, "
+                f"a smaller input)."
+            )
+        text = (
+            f"largest batch: {self.batch_size} (peak {format_size(self.peak_bytes)}, "
+            f"{format_size(self.headroom_bytes)} headroom in "
+            f"{format_size(self.budget.usable_bytes)} with a {self.margin:.0%} margin; "
+            f"{len(self.trials)} trials)"
+        )
+        if self.soak_steps:
+            text += (
+                f"; confirmed: it trained {self.soak_steps} steps as model.fit runs them, in "
+                f"a fresh process"
+            )
+        if self.worst_case_samples:
+            text += "; measured on the dataset's largest samples, so it holds for all of them"
+        return text
+
+
+def _at_least(result: BatchSearchResult) -> str:
+    first = result.trials[0] if result.trials else None
+    if first is None or first.peak_bytes is None:
+        return "more than the budget"
+    return ("more than " if first.oom else "") + format_size(first.peak_bytes)
+
+
+@shows_progress(
+    "on_trial",
+    lambda a: (
+        "finding the largest batch size"
+        + (f" for {a['budget']}" if a["budget"] is not None else "")
+    ),
+    "trial",
+)
+def find_batch_size(
+    model: Any,
+    budget: Budget | str | int | None = None,
+    *,
+    max_batch: int | None = None,
+    margin: float = DEFAULT_MARGIN,
+    data: Any = None,
+    input_shape: InputShape | None = None,
+    optimizer: Any = None,
+    loss: Any = None,
+    isolated: bool = False,
+    soak_steps: int = DEFAULT_SOAK_STEPS,
+    on_trial: Callable[[Trial], None] | None = None,
+    classes: int | None = None,
+    safe_mode: bool = True,
+    progress: Progress = None,
+) -> BatchSearchResult:
+    """Find the largest batch size whose training step fits the budget, from measurements.
+
+    Peaks measured at batch 1 and 4 give the step's memory per sample; each next size is
+    predicted from the peaks so far: far from the limit a little short of it and at most 3x
+    further (peaks are not linear in the batch: a long extrapolation can be far off), near it
+    one short of the largest size predicted to fit (at most 1/8 further) and then up one at a
+    time, until a size that fits and one that fails are next to each other (or within the
+    margin). A surprise peak or an OOM only narrows the bracket. The trials share one trace
+    with a relaxed batch dimension (traced once, while the child starts) and run one after
+    the other in one child process, which leaves their updates in place (the allocator sees
+    what training would); each is one measured step, after a warm-up step in a fresh
+    process. A step that runs out of memory is answered as soon as it stalls in TensorFlow's
+    allocator retry (`AllocatorStallWatch`), and the next trial runs in a spare child started
+    when the sizes got near the limit. Every trial runs the train function `model.fit`
+    builds, fed as `model.fit` feeds a dataset (see `memfit.measure`). The size found then
+    trains `soak_steps` more steps in a fresh process (a soak) under a card smaller by the
+    margin, which confirms it: a step's peak rises over the first steps of training, and a
+    fresh process's limit moves by a size or two from one process to the next, for which the
+    margin leaves room; a size whose soak runs out of memory gives way to the next smaller
+    size predicted to hold, soaked in turn.
+
+    The model in this process is never touched: the child loads the MODEL string
+    (`isolated=True`) or a saved copy of the model (and of the dataset's largest samples). A
+    model that cannot be saved is measured in this process (`decided_in == "this_process"`):
+    every variable is restored bit for bit after each trial (see `memfit.measure`), and after
+    an OOM this process's allocator is fragmented and may fail sizes a fresh process fits.
+
+    Args:
+        model: a compiled Keras model, or a MODEL string with `isolated=True`.
+        budget: the budget to fit (`Budget`, size, or card name). In-process: default the
+            emulated budget; it must not exceed what the device really gives. Isolated: each
+            trial's child emulates it.
+        max_batch: never try more than this.
+        margin: share of the budget kept free, 0 <= margin < 1 (default 0.05).
+        data: a `tf.data.Dataset` of unbatched `(x, y)` samples (`package.module:dataset_fn`
+            with `isolated=True`); trials then use its largest samples, and the dataset's
+            size caps the batch.
+        input_shape: shape of one sample for models with undefined input dimensions.
+        optimizer: optimizer to compile with (default: the model's own, else Adam).
+        loss: loss to compile with (default: the model's own).
+        isolated: `model` is a MODEL string the child loads, so this process needs no
+            TensorFlow state at all.
+        soak_steps: measured training steps the size found must hold for, from a fresh
+            start, before it is the answer (default 20; 0 answers from the search's trials).
+        on_trial: called with each `Trial` as it completes (progress displays).
+        classes: classes of a built-in MODEL string (`isolated=True`).
+        safe_mode: False lets the child load a trusted `.keras` file (or the saved copy of
+            a model) that runs Python code, such as a Lambda layer.
+        progress: a spinner and one line per trial on stderr, as the CLI shows them; default
+            on when stderr is a terminal and no `on_trial` is given; False turns it off, a
+            callable receives each `Trial` instead (`memfit.progress`).
+
+    Returns:
+        A `BatchSearchResult`; `batch_size == 0` when even batch 1 does not fit.
+
+    Example:
+        ```python
+        memfit.emulate("T4")
+        model = build_model()                      # compiled
+        result = memfit.find_batch_size(model)
+        print(result.batch_size, result.summary())
+        ```
+    """
+    margin = check_margin(margin)
+    if max_batch is not None:
+        max_batch = check_positive_int(max_batch, "max_batch")
+    soak_steps = check_soak_steps(soak_steps)
+    resolved = as_budget(budget) or emulated_budget()
+    if resolved is None:
+        raise MemfitError(
+            "no budget to search against: pass budget= (a size or card), or emulate one with "
+            "memfit.emulate() / --memory / --device"
+        )
+    started = time.perf_counter()
+    runner = TrialRunner(
+        model,
+        resolved,
+        data,
+        input_shape,
+        optimizer,
+        loss,
+        isolated,
+        data is not None,
+        classes=classes,
+        safe_mode=safe_mode,
+    )
+    try:
+        result = _search(runner, resolved, max_batch, margin, soak_steps, on_trial)
+    finally:
+        runner.close()
+    result.seconds = time.perf_counter() - started
+    return result
+
+
+def _search(
+    run: TrialRunner,
+    budget: Budget,
+    max_batch: int | None,
+    margin: float,
+    soak_steps: int,
+    on_trial: Callable[[Trial], None] | None,
+) -> BatchSearchResult:
+    limit = strategy.limit_bytes(budget.usable_bytes, margin)
+    cap, capped_by = strategy.search_cap(max_batch, run.dataset_size)
+    result = BatchSearchResult(
+        batch_size=0,
+        margin=margin,
+        peak_bytes=None,
+        budget=budget,
+        limit_bytes=limit,
+        worst_case_samples=run.worst_case,
+        largest_sample=run.largest_sample,
+        decided_in="child_process" if run.in_child else "this_process",
+    )
+    peaks: dict[int, int] = {}  # sizes that fit -> measured peak
+
+    def trial(size: int, predicted: int | None, soak: int = 0) -> bool:
+        start = time.perf_counter()
+        m, fresh, warmed_up = run.measure(size, repeats=soak or 1, soak=bool(soak))
+        ok = not m.oom and m.peak_bytes is not None and m.peak_bytes <= limit
+        seconds = time.perf_counter() - start
+        t = Trial(
+            size,
+            m.oom,
+            m.peak_bytes,
+            seconds,
+            predicted,
+            ok,
+            fresh=fresh,
+            steps=(soak or 1) + (1 if warmed_up else 0),
+            soak=bool(soak),
+        )
+        result.trials.append(t)
+        if run.resident_bytes is None:
+            run.resident_bytes = m.resident_bytes
+        if ok:
+            peaks[size] = int(m.peak_bytes)  # type: ignore[arg-type]
+        if on_trial is not None:
+            on_trial(t)
+        return ok
+
+    # Batch 1, a probe a few samples away (batch 2's peak differs from batch 1's by little
+    # more than the allocator's jitter), then sizes predicted from the peaks: far from the
+    # limit a little short of it and at most 3x further, near it right at it, until a size
+    # that fits and one that fails are next to each other (or within the margin).
+    if not trial(1, None):
+        result.stopped_by = "nothing_fits"
+        result.failing_batch_size = 1
+        result.peak_bytes = result.trials[0].peak_bytes
+        _explain_if_weights_alone_exceed(run, budget)
+        return result
+    lo, hi = 1, None  # largest size that fits, smallest that fails
+    if cap >= 2:
+        probe = strategy.probe_size(cap)
+        if trial(probe, None):
+            lo = probe
+        else:
+            hi = probe
+    while True:
+        if lo >= cap:
+            result.stopped_by = capped_by
+            break
+        if strategy.bracket_closed(lo, hi, margin):
+            break
+        guess, predicted, near = strategy.next_guess(peaks, lo, hi, cap, limit)
+        # An OOM ends this process's trials: when one is likely and more trials would follow
+        # it, get a fresh process ready meanwhile (not for lo + 1, whose OOM ends the search).
+        if strategy.spare_worth_starting(guess, lo, hi, near):
+            run.expect_oom()
+        if trial(guess, predicted):
+            lo = guess
+        else:
+            hi = guess
+    # The soak: a size trains more steps, back to back, in a fresh process under the budget,
+    # and passes when its peak over them stays within the limit. The first soak goes to the
+    # largest size whose one-step trial peak, raised by SOAK_RISE, is predicted to stay within
+    # the limit; a soak that peaks over the limit (or runs out of memory) shows its own rise
+    # over the trial peak, and the next soak goes to the largest smaller size predicted to
+    # stay within the limit with that rise.
+    rise = SOAK_RISE
+    # At least batch 1, which fitted its trial: only a soak may say it does not train.
+    size = strategy.first_soak_size(peaks, lo, limit, rise) if soak_steps else lo
+    while soak_steps and size >= 1:
+        run.fresh_process()
+        if trial(size, strategy.predicted_peak(peaks, size, rise), soak=soak_steps):
+            lo = size
+            break
+        hi = size
+        soaked = result.trials[-1].peak_bytes
+        rise = strategy.soak_rise(rise, soaked, strategy.predicted_peak(peaks, size))
+        size = strategy.next_soak_size(peaks, size, limit, rise)
+    if soak_steps:
+        lo = max(size, 0)
+    if lo < 1:
+        result.stopped_by = "nothing_fits"
+        result.failing_batch_size = 1
+        result.peak_bytes = result.trials[-1].peak_bytes
+        return result
+    result.soak_steps = soak_steps
+    result.batch_size = lo
+    result.peak_bytes = peaks[lo]
+    result.failing_batch_size = hi
+    # The answer rests on the last trial of each size of the bracket.
+    for size in (lo, hi):
+        last = next((t for t in reversed(result.trials) if t.batch_size == size), None)
+        if last is not None:
+            last.deciding = True
+    return result
+
+
+def _explain_if_weights_alone_exceed(run: TrialRunner, budget: Budget) -> None:
+    """Batch 1 failing because the weights and optimizer slots alone exceed the budget."""
+    resident = run.resident_bytes
+    if resident is not None and resident >= budget.usable_bytes:
+        raise MemfitError(
+            f"the model's weights and optimizer state alone take {format_size(resident)}, more "
+            f"than the {format_size(budget.usable_bytes)} budget ({budget.name}); no batch size "
+            f"can fit. Use a card with more memory, a smaller model, or an optimizer with less "
+            f"state (SGD keeps none, Adam two copies of the weights)"
+        )
