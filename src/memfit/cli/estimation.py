@@ -1,0 +1,187 @@
+"""`memfit estimate`: the predicted peak of a training step, its breakdown and what-ifs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+from rich.table import Table
+
+from memfit.checks import check_batch_size
+from memfit.cli.options import (
+    apply_budget,
+    budget_options,
+    json_option,
+    load_targets,
+    model_options,
+)
+from memfit.cli.render import err, out, print_json
+from memfit.models import check_model_spec
+from memfit.sizes import format_size
+
+
+@click.command()
+@click.argument("model", metavar="MODEL")
+@click.option("--batch-size", "-b", type=int, required=True, help="Samples in the step.")
+@click.option(
+    "--precision",
+    help="Keras dtype policy to build MODEL under (float32, mixed_float16, mixed_bfloat16).",
+)
+@click.option("--remat", help="keras.RematScope mode to build MODEL under.")
+@click.option(
+    "--what-ifs/--no-what-ifs",
+    default=True,
+    show_default=True,
+    help="Also predict other batch sizes, the largest batch for the budget, and (for "
+    "factories and built-ins) mixed precision, remat, the other optimizer, smaller inputs.",
+)
+@click.option(
+    "--check", is_flag=True, help="Also measure the step (in a child process) and show the error."
+)
+@model_options
+@budget_options
+@json_option
+def estimate(
+    model: str,
+    batch_size: int,
+    precision: str | None,
+    remat: str | None,
+    what_ifs: bool,
+    check: bool,
+    input_shape: Any,
+    classes: int | None,
+    optimizer: str | None,
+    loss: str | None,
+    data_spec: str | None,
+    unsafe: bool,
+    memory: str | None,
+    device: str | None,
+    as_json: bool,
+) -> None:
+    """Predict the peak memory of one training step of MODEL without running it.
+
+    Traces the training step (forward, backward, optimizer update) and replays it through a
+    model of TensorFlow's allocator: a breakdown (weights, optimizer slots, activations,
+    gradients, temporaries, kernel workspace), the top layers, when the peak happens, and
+    what-ifs.
+    """
+    check_model_spec(model)
+    check_batch_size(batch_size)
+    if precision == "float32":
+        precision = None
+    budget = apply_budget(memory, device)
+    from memfit.estimate import estimate as run_estimate
+
+    with err.status("Loading model", spinner="dots") as status:
+
+        def report(text: str) -> None:
+            status.update(f"Estimating: {text}")
+
+        target: Any = model
+        data = None
+        if data_spec or model.endswith((".keras", ".h5")) or unsafe:
+            target, data = load_targets(model, data_spec, False, input_shape, classes, unsafe)
+        result = run_estimate(
+            target,
+            batch_size,
+            input_shape=input_shape,
+            optimizer=optimizer,
+            loss=loss,
+            data=data,
+            budget=budget,
+            precision=precision,
+            remat=remat,
+            classes=classes,
+            what_ifs=what_ifs,
+            on_progress=report,
+        )
+        measured = None
+        if check:
+            status.update("Measuring the step in a child process")
+            from memfit.measure import measure as run_measure
+
+            measured = run_measure(
+                model,
+                batch_size,
+                isolated=True,
+                input_shape=input_shape,
+                optimizer=optimizer,
+                loss=loss,
+                data=data_spec,
+                budget=budget,
+            )
+    payload = result.to_dict()
+    if measured is not None:
+        payload["check"] = _estimate_check(result.peak_bytes, measured)
+    if as_json:
+        print_json(payload)
+        return
+    _render_estimate(model, result, payload.get("check"))
+
+
+def _estimate_check(predicted: int, measured: Any) -> dict[str, Any]:
+    peak = measured.peak_bytes
+    return {
+        "predicted_bytes": predicted,
+        "measured_bytes": peak,
+        "measured_oom": measured.oom,
+        "measured_peaks_bytes": measured.peaks_bytes,
+        "error": None if not peak or measured.oom else (predicted - peak) / peak,
+    }
+
+
+def _render_estimate(model: str, result: Any, check: dict[str, Any] | None) -> None:
+    moment = result.peak_moment
+    out.print(
+        f"[bold]{model}[/], batch {result.batch_size}: predicted peak "
+        f"[bold]{format_size(result.peak_bytes)}[/] — at the {moment.get('phase')} pass, layer "
+        f"{moment.get('layer') or '-'} ({moment.get('op_type')})"
+    )
+    table = Table(title="What is live at the peak")
+    table.add_column("part")
+    table.add_column("size", justify="right")
+    table.add_column("share", justify="right")
+    for key, value in sorted(result.breakdown.items(), key=lambda kv: -kv[1]):
+        if value:
+            share = value / result.peak_bytes if result.peak_bytes else 0
+            table.add_row(key.replace("_", " "), format_size(value), f"{share:.0%}")
+    out.print(table)
+    layers = Table(title="Top layers at the peak")
+    layers.add_column("layer")
+    layers.add_column("size", justify="right")
+    layers.add_column("mostly")
+    for row in result.per_layer[:8]:
+        parts = {k[:-6]: v for k, v in row.items() if k.endswith("_bytes")}
+        main = max(parts, key=lambda k: parts[k]) if parts else ""
+        layers.add_row(row["layer"], format_size(row["bytes"]), main.replace("_", " "))
+    out.print(layers)
+    if result.what_ifs:
+        whatif = Table(title="What if")
+        whatif.add_column("change")
+        whatif.add_column("batch", justify="right")
+        whatif.add_column("peak", justify="right")
+        whatif.add_column("saves", justify="right")
+        for row in result.what_ifs:
+            if "error" in row:
+                # "not applicable: <why>", whole: the table wraps it (issue 20).
+                whatif.add_row(row["change"], "", "n/a", row["error"].splitlines()[0])
+                continue
+            saved = row.get("saved_bytes")
+            whatif.add_row(
+                row["change"],
+                str(row.get("batch_size") or "none fits"),
+                format_size(row["peak_bytes"]) if row.get("peak_bytes") else "-",
+                "" if saved is None else format_size(saved),
+            )
+        out.print(whatif)
+    if result.budget is not None:
+        verdict = "fits" if result.fits else "does NOT fit"
+        out.print(f"{verdict} in {format_size(result.budget.usable_bytes)} ({result.budget.name})")
+    if check is not None:
+        if check["error"] is None:
+            out.print(f"measured: out of memory (reached {format_size(check['measured_bytes'])})")
+        else:
+            out.print(
+                f"measured peak {format_size(check['measured_bytes'])}; predicted "
+                f"{format_size(check['predicted_bytes'])}; error {check['error']:+.1%}"
+            )

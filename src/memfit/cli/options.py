@@ -1,0 +1,189 @@
+"""Shared click options, built from the library's own defaults, and what their values become.
+
+`--memory` / `--device` / `--memory-growth` (the budget to emulate), `--json`, the options that
+say how to build MODEL (`--input-shape`, `--classes`, `--optimizer`, `--loss`, `--data`,
+`--unsafe`) and `--margin`; `apply_budget` and `load_targets` turn their values into a budget,
+a model and a dataset.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+from memfit.budget import Budget, resolve_budget
+from memfit.checks import DEFAULT_MARGIN, check_batch_size, check_margin
+from memfit.errors import MemfitError
+
+
+def _memory_growth(_ctx: click.Context, _param: click.Parameter, value: bool) -> bool:
+    # Read by `apply_budget` (and inherited by child processes) from the environment.
+    if value:
+        from memfit.budget import ENV_MEMORY_GROWTH
+
+        os.environ[ENV_MEMORY_GROWTH] = "1"
+    return value
+
+
+def budget_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """`--memory` / `--device` / `--memory-growth`: the budget to emulate for this command."""
+    command = click.option(
+        "--memory-growth",
+        is_flag=True,
+        expose_value=False,
+        is_eager=True,
+        callback=_memory_growth,
+        help="Emulate a GPU with memory growth on (regions that grow as training needs "
+        "them) instead of one that takes its whole budget at first use.",
+    )(command)
+    command = click.option(
+        "--device",
+        "device",
+        metavar="CARD",
+        help="Emulate a named card's usable memory (T4, L4, V100-16GB, A100-40GB, ...).",
+    )(command)
+    command = click.option(
+        "--memory",
+        "memory",
+        metavar="SIZE",
+        help="Emulate a device with this much memory (16GiB, 1.5GB, 512MiB, bytes).",
+    )(command)
+    return command
+
+
+def json_option(command: Callable[..., Any]) -> Callable[..., Any]:
+    """`--json`: machine-readable output on stdout."""
+    return click.option(
+        "--json", "as_json", is_flag=True, help="Print JSON (sizes in bytes) instead of tables."
+    )(command)
+
+
+def apply_budget(memory: str | None, device: str | None) -> Budget | None:
+    """Emulate the budget `--memory` / `--device` name, before TensorFlow initialises."""
+    from memfit.budget import emulated_memory_growth
+    from memfit.emulate import emulate, ensure_memory_statistics
+
+    growth = emulated_memory_growth()
+    budget = resolve_budget(memory=memory, device=device)
+    if budget is not None and budget.source in ("user", "card"):
+        if memory is not None:
+            budget = emulate(memory, memory_growth=growth)
+        else:
+            budget = emulate(device=device, memory_growth=growth)
+    elif growth:
+        require_growth_target()
+    ensure_memory_statistics()
+    return budget
+
+
+def require_growth_target() -> None:
+    """`--memory-growth` needs a GPU, or an emulated card to apply to: say so on a CPU."""
+    from memfit.backend import tf as tfb
+    from memfit.errors import EmulationError
+
+    if tfb.gpu_count() == 0:
+        raise EmulationError(
+            "--memory-growth describes how an emulated card's allocator grows, and this "
+            "machine has no GPU: add --memory SIZE or --device CARD"
+        )
+    os.environ[tfb.ENV_GROWTH] = "true"
+
+
+def checked(check: Callable[..., Any], value: Any, *args: Any, param_hint: Any = None) -> Any:
+    """`check(value, *args)` (a `memfit.checks` check), its error as a bad option (exit 2)."""
+    try:
+        return check(value, *args)
+    except MemfitError as exc:
+        raise click.BadParameter(str(exc), param_hint=param_hint) from None
+
+
+def batch_sizes(_ctx: click.Context, _param: click.Parameter, value: str) -> list[int]:
+    """`--batch-size 1,4,16`: the sizes, each checked by `memfit.checks.check_batch_size`."""
+    sizes = []
+    for part in str(value).split(","):
+        part = part.strip()
+        number = int(part) if part.lstrip("-").isdigit() else part
+        sizes.append(checked(check_batch_size, number))
+    return sizes
+
+
+def _input_shape(_ctx: click.Context, _param: click.Parameter, value: str | None) -> Any:
+    if value is None:
+        return None
+    shapes = []
+    for group in value.split(";"):
+        dims = [d.strip() for d in group.replace("x", ",").split(",") if d.strip()]
+        if not dims or not all(d.isdigit() and int(d) > 0 for d in dims):
+            raise click.BadParameter(f"{value!r} is not a shape; give e.g. 224,224,3")
+        shapes.append(tuple(int(d) for d in dims))
+    return shapes[0] if len(shapes) == 1 else shapes
+
+
+def load_targets(
+    model: str,
+    data_spec: str | None,
+    isolated: bool,
+    input_shape: Any,
+    classes: int | None,
+    unsafe: bool,
+) -> tuple[Any, Any]:
+    """MODEL and --data as the work needs them: specs for child processes, objects in-process."""
+    if isolated:
+        return model, data_spec
+    from memfit._child import load_dataset
+    from memfit.models import load_model
+
+    target = load_model(model, input_shape=input_shape, classes=classes, safe_mode=not unsafe)
+    return target, load_dataset(data_spec) if data_spec else None
+
+
+def model_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """Options that say how to build MODEL and its training step."""
+    options = [
+        click.option(
+            "--input-shape",
+            callback=_input_shape,
+            metavar="H,W,C",
+            help="Shape of one sample (without batch), for built-ins or undefined inputs.",
+        ),
+        click.option("--classes", type=click.IntRange(min=1), help="Classes of a built-in model."),
+        click.option(
+            "--optimizer", help="Optimizer to compile with (default: the model's, else adam)."
+        ),
+        click.option(
+            "--loss", help="Loss to compile with (default: the model's, else from its output)."
+        ),
+        click.option(
+            "--data",
+            "data_spec",
+            metavar="MODULE:FN",
+            help="package.module:dataset_fn returning a tf.data.Dataset of (x, y) samples.",
+        ),
+        click.option(
+            "--unsafe",
+            is_flag=True,
+            help="Load .keras files that run Python code (Lambda layers); trusted files only.",
+        ),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+def _margin(_ctx: click.Context, _param: click.Parameter, value: float) -> float:
+    return checked(check_margin, value)
+
+
+def margin_option(help_text: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """`--margin`: the share of the budget kept free (default `memfit.checks.DEFAULT_MARGIN`)."""
+    return click.option(
+        "--margin",
+        type=float,
+        default=DEFAULT_MARGIN,
+        show_default=True,
+        callback=_margin,
+        help=help_text,
+    )
