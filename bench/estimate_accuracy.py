@@ -114,11 +114,11 @@ def layer_outputs(model):
 stackoverflow = 4 * (batch * layer_outputs(model) + params)
 grappler = None
 try:
-    from memfit.backend import tf_graph
+    from memfit.backend import tf_trace
     from tensorflow.python.grappler import cluster as gcluster, item as gitem
     from tensorflow.core.protobuf import meta_graph_pb2, device_properties_pb2
     from tensorflow.core.framework import types_pb2
-    specs = tf_graph.batch_specs(workload, batch)
+    specs = tf_trace.batch_specs(workload, batch)
     concrete = tf.function(model.train_step).get_concrete_function(specs)
     gd = concrete.graph.as_graph_def()
     device = "/job:localhost/replica:0/task:0/device:CPU:0"

@@ -32,16 +32,16 @@ e32, _ = est(model, 32)
 sgd, _ = est(model, 8, optimizer=keras.optimizers.SGD(momentum=0.9))
 mixed, _ = est("factories:small_cnn", 8, precision="mixed_float16")
 weights = sum(int(v.numpy().nbytes) for v in model.trainable_variables)
-from memfit.backend import tf_graph
+from memfit.backend import tf_trace
 from memfit.workload import Workload
-graph = tf_graph.trace_step(Workload(model), 8)
-temps = tf_graph._initializer_temps(model)
+graph = tf_trace.trace_step(Workload(model), 8)
+temps = tf_trace.initializer_temps(model)
 swish_in = keras.Input((8,))
 swish = keras.Model(
     swish_in, keras.layers.Dense(2)(keras.layers.Dense(16, activation="swish")(swish_in))
 )
 swish.compile(optimizer="sgd", loss="mse")
-swish_graph = tf_graph.trace_step(Workload(swish), 4)
+swish_graph = tf_trace.trace_step(Workload(swish), 4)
 update_reads_gradient = any(
     op.name.startswith(graph.optimizer_name)
     and any(t.startswith("gradient_tape/") for t in op.inputs)
@@ -226,7 +226,8 @@ def test_consumers_follow_grapplers_node_order():
 
 
 def test_rewire_as_grappler_takes_its_wiring_where_both_agree():
-    from memfit.backend.tf_graph import GrapplerNode, OpInfo, prune_dead, rewire_as_grappler
+    from memfit.backend.tf_graph import OpInfo, prune_dead
+    from memfit.backend.tf_grappler import GrapplerNode, rewire_as_grappler
 
     ops = [
         OpInfo("x", "Placeholder", [], ["x:0"], [0]),
@@ -251,7 +252,8 @@ def test_rewire_that_would_make_a_loop_keeps_the_traced_wiring():
     # Matched by name, a node grappler merged can take an input from later in the step
     # (seen on ConvNeXt's GELU gradients); rewiring it would leave the replay a loop, so that
     # ops after it never run. Then the trace's own wiring is kept.
-    from memfit.backend.tf_graph import GrapplerNode, OpInfo, rewire_as_grappler
+    from memfit.backend.tf_graph import OpInfo
+    from memfit.backend.tf_grappler import GrapplerNode, rewire_as_grappler
 
     ops = [
         OpInfo("x", "Placeholder", [], ["x:0"], [0]),

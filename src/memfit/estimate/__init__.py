@@ -1,7 +1,7 @@
 """Estimate: predict a training step's peak memory without running it, with a breakdown.
 
 The step's graph is traced (forward, loss, gradients, optimizer update; see
-`memfit.backend.tf_graph`) for a batch described only by its shapes, and replayed through a
+`memfit.backend.tf_trace`) for a batch described only by its shapes, and replayed through a
 model of TensorFlow's executor and BFC allocator (`memfit.estimate.simulate`,
 `memfit.estimate.bfc`). The predicted quantity is what `memfit.measure` reports as
 `peak_bytes`: the allocator's peak during a training step after one warm-up step, weights,
@@ -122,7 +122,7 @@ def estimate_workload(workload: Workload, batch_size: int, recompute: Any = None
     """
     import time
 
-    from memfit.backend import tf_graph
+    from memfit.backend import tf_trace
     from memfit.recompute import as_recompute
 
     check_batch_size(batch_size)
@@ -132,7 +132,7 @@ def estimate_workload(workload: Workload, batch_size: int, recompute: Any = None
     segmented = as_recompute(workload.model, recompute)
     started = time.perf_counter()
     with segmented if segmented is not None else contextlib.nullcontext():
-        graph = tf_graph.trace_step(workload, int(batch_size))
+        graph = tf_trace.trace_step(workload, int(batch_size))
     traced = time.perf_counter() - started
     emulated = emulated_budget()
     region = None if emulated is None or emulated_memory_growth() else emulated.usable_bytes

@@ -1,7 +1,7 @@
 """Replay a traced training step through a model of TensorFlow's allocator, without running it.
 
 The replay follows TensorFlow's executor. With one inter-op thread (what memfit measures and
-predicts by default, see `memfit.backend.tf_graph.trace_step`) ops run in the order of
+predicts by default, see `memfit.backend.tf_trace.trace_step`) ops run in the order of
 `single_thread_order`, the executor's own policy: depth first along one chain, other ready
 branches waiting on a stack. With several inter-op threads on several CPUs, ops run in
 ready-queue (first in, first out) order, and ops that are ready together run together: the
