@@ -199,7 +199,7 @@ def run_in_process(
     method: str, case: Case, budget: Any, seen: dict[int, list[bool]]
 ) -> dict[str, Any]:
     """One whole baseline search in one fresh child process (`bench.trials.search_child`)."""
-    from memfit.isolate import run_in_child
+    from memfit._runner import run_in_child
 
     start = time.perf_counter()
     result = run_in_child(

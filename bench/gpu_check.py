@@ -201,8 +201,8 @@ def run_batch(side: str, timeout: float) -> dict[str, Any]:
         The CLI's `batch_size`, its trials and wall time, its JSON keys that say how the
         answer was confirmed (when it has any), and `trains` (the check's outcome).
     """
+    from memfit._runner import run_in_child
     from memfit.budget import Budget
-    from memfit.isolate import run_in_child
 
     started = time.perf_counter()
     command = [
@@ -261,8 +261,8 @@ def run_batch(side: str, timeout: float) -> dict[str, Any]:
 
 def run_side(side: str, card: str, models: dict[str, list[Any]], deadline: float) -> dict[str, Any]:
     """Every step of the check on one side, each in a child process, before `deadline`."""
+    from memfit._runner import run_in_child
     from memfit.budget import Budget
-    from memfit.isolate import run_in_child
 
     def left() -> float:
         return max(10.0, deadline - time.monotonic())

@@ -92,8 +92,8 @@ def bench_recovery() -> dict[str, Any]:
     the recovery run's first large-image step minus the control run's (it includes the failed
     attempt and the allocator's own wait before it reports the OOM).
     """
+    from memfit._runner import run_in_child
     from memfit.budget import Budget
-    from memfit.isolate import run_in_child
 
     small, big, batch, steps, epochs = 96, 192, 16, 4, 2
     console.rule(f"Recovery: MobileNetV2, {small}px then {big}px shards, batch {batch}")

@@ -72,7 +72,7 @@ def fit_steps(
         wall time), `{"oom": True}` when the fit ran out of memory.
 
     Example:
-        >>> from memfit.isolate import run_in_child  # doctest: +SKIP
+        >>> from memfit._runner import run_in_child  # doctest: +SKIP
         >>> run_in_child(FIT_STEPS, {"spec": "keras.applications.MobileNetV2", "batch_size": 8,
         ...     "steps": 20, "input_shape": [96, 96, 3], "data": None})  # doctest: +SKIP
         {'oom': False, 'seconds': 9.1, 'steps': 20}
@@ -265,7 +265,7 @@ class ChildTrials:
         self.function = function
 
     def __call__(self, batch_size: int) -> bool:
-        from memfit.isolate import run_in_child
+        from memfit._runner import run_in_child
 
         start = time.perf_counter()
         note = ""

@@ -6,7 +6,7 @@ import time
 import pytest
 
 from memfit import Budget, MemfitError
-from memfit.isolate import run_in_child
+from memfit._runner import run_in_child
 
 HERE = os.path.dirname(__file__)
 
@@ -53,7 +53,7 @@ def test_child_errors_keep_their_message():
 
 
 def test_a_log_line_of_an_allocation_the_caller_can_do_without_is_no_oom():
-    from memfit.isolate import _is_oom_line
+    from memfit._runner import is_oom_line
 
     benign = (
         "W0000 bfc_allocator.cc:310] Allocator (bfc_cpu_allocator_for_gpu) ran out of memory "
@@ -65,9 +65,9 @@ def test_a_log_line_of_an_allocation_the_caller_can_do_without_is_no_oom():
         "W0000 bfc_allocator.cc:501] Allocator (bfc_cpu_allocator_for_gpu) ran out of memory "
         "trying to allocate 48.00MiB (rounded to 50331648)requested by op Conv2D"
     )
-    assert not _is_oom_line(benign)
-    assert _is_oom_line(fatal)
-    assert _is_oom_line("OOM when allocating tensor with shape[16,12276,20]")
+    assert not is_oom_line(benign)
+    assert is_oom_line(fatal)
+    assert is_oom_line("OOM when allocating tensor with shape[16,12276,20]")
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="thread states from /proc")

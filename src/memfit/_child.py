@@ -1,4 +1,4 @@
-"""Entry point of memfit's child processes (see memfit.isolate). Not public."""
+"""Entry point of memfit's child processes (see memfit._runner). Not public."""
 
 from __future__ import annotations
 
@@ -82,10 +82,10 @@ def open_measurer(
     for name in imports or []:
         importlib.import_module(name)
 
+    from memfit._runner import RESIDENT_MARK
     from memfit.backend import tf as tfb
     from memfit.checks import check_batch_size
     from memfit.errors import MemfitError
-    from memfit.isolate import RESIDENT_MARK
     from memfit.measure import measure_workload
     from memfit.models import load_model
     from memfit.workload import Workload
@@ -137,7 +137,7 @@ def open_measurer(
     device = tfb.default_device()
     info = tfb.memory_info(device)
     if info is not None:
-        # Tell the parent what is resident, in case a step fails slowly (see isolate.py).
+        # Tell the parent what is resident, in case a step fails slowly (see _runner.py).
         print(f"{RESIDENT_MARK}{info['current']}", file=sys.stderr, flush=True)
     from memfit.budget import emulated_budget
 

@@ -483,7 +483,7 @@ class _Planner:
     # -- estimates --------------------------------------------------------------------------
     def estimate(self, configs: list[tuple[str, str | None]]) -> list[Candidate]:
         """Per configuration, the smallest K predicted to fit, for those that could win."""
-        from memfit.isolate import ChildWorker
+        from memfit._runner import ChildWorker
 
         args = {k: v for k, v in self.child_args.items()}
         worker = ChildWorker("memfit._child:open_estimator", args, budget=self.budget)
@@ -666,7 +666,7 @@ class _Planner:
 
     def confirm(self, candidate: Candidate, steps: int) -> bool:
         """Train `steps` steps of `memfit.fit` at the candidate in a fresh child process."""
-        from memfit.isolate import run_in_child
+        from memfit._runner import run_in_child
 
         args = self.child_args
         result = run_in_child(

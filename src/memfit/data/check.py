@@ -626,7 +626,8 @@ def model_memory(model: Any, largest: ImageInfo, batch_size: int) -> dict[str, A
     own bytes (peak minus resident) are scaled by the pixel ratio to the largest image: a
     proportional estimate, since activations grow with pixels and weights do not.
     """
-    from memfit.isolate import measurement_from_child, run_in_child, save_for_child
+    from memfit._runner import run_in_child
+    from memfit.isolate import measurement_from_child, save_for_child
 
     with tempfile.TemporaryDirectory(prefix="memfit-data-") as tmp:
         spec = model if isinstance(model, str) else save_for_child(model, tmp)

@@ -134,7 +134,7 @@ class TrialRunner:
         self.worker = self._new_child()
 
     def _new_child(self) -> Any:
-        from memfit.isolate import ChildWorker
+        from memfit._runner import ChildWorker
 
         worker = ChildWorker("memfit._child:open_measurer", self._child_kwargs, budget=self.budget)
         worker.start()
@@ -250,6 +250,6 @@ def _packages_of(model: Any) -> list[str]:
 
 
 def _child_dataset_size(spec: str) -> int:
-    from memfit.isolate import run_in_child
+    from memfit._runner import run_in_child
 
     return int(run_in_child("memfit._child:dataset_size", {"spec": spec}))
