@@ -14,8 +14,8 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
-from memfit.demo import render
 from memfit.demo.job import BATCH, LARGE, MEASURED_PROCESSES, TARGET_BATCH, Settings, write_data
+from memfit.demo.render import outcome_text, size_text
 
 
 class StepChecks:
@@ -44,7 +44,7 @@ class StepChecks:
             return False, {"problem": f"doctor failed: {stderr}"}
         budget = data.get("emulated_budget") or data.get("budget") or {}
         usable = budget.get("usable_bytes")
-        self.say(f"budget: {render.size(usable)} ({budget.get('name', '?')}); doctor exit {code}")
+        self.say(f"budget: {size_text(usable)} ({budget.get('name', '?')}); doctor exit {code}")
         for f in data.get("findings", [])[:4]:
             self.say(f"  {f.get('level', '')}: {f.get('message', '')}")
         from memfit.sizes import parse_size
@@ -114,14 +114,14 @@ class StepChecks:
         error = (predicted - measured) / measured if predicted and measured else None
         self.say(
             f"batch {BATCH} of the new {LARGE}x{LARGE} images: predicted "
-            f"{render.size(predicted)} without running it; measured {render.size(measured)}, the "
-            f"median of {', '.join(render.size(p) for p in peaks)} in {len(peaks)} fresh "
+            f"{size_text(predicted)} without running it; measured {size_text(measured)}, the "
+            f"median of {', '.join(size_text(p) for p in peaks)} in {len(peaks)} fresh "
             f"processes (the data check's and `memfit measure`'s)"
             + (f" (error {error:+.1%})" if error is not None else "")
         )
         parts = [(k, v) for k, v in (out.get("breakdown") or {}).items() if isinstance(v, int)]
         for part, value in sorted(parts, key=lambda kv: -kv[1])[:4]:
-            self.say(f"  {part.removesuffix('_bytes').replace('_', ' ')}: {render.size(value)}")
+            self.say(f"  {part.removesuffix('_bytes').replace('_', ' ')}: {size_text(value)}")
         ok = error is not None and abs(error) <= 0.15
         return ok, {
             "peak_bytes": predicted,
@@ -138,7 +138,7 @@ class StepChecks:
             return False, {"problem": f"batch failed: {stderr}"}
         size = out.get("batch_size", 0)
         self.say(
-            f"largest batch: {size} (peak {render.size(out.get('peak_bytes'))}; "
+            f"largest batch: {size} (peak {size_text(out.get('peak_bytes'))}; "
             f"{len(out['trials'])} trials in {out.get('search_seconds', 0):.0f} s; measured on "
             f"the largest samples: {out.get('worst_case_samples')})"
         )
@@ -167,7 +167,7 @@ class StepChecks:
         k, micro = out.get("accumulation_steps"), out.get("micro_batch_size")
         self.say(
             f"batch {TARGET_BATCH}: {k} micro-batches of {micro}, {out.get('precision')}, "
-            f"peak {render.size(out.get('peak_bytes'))}"
+            f"peak {size_text(out.get('peak_bytes'))}"
         )
         ok = code == 0 and bool(out.get("fits")) and isinstance(k, int) and k > 1
         return ok, {"accumulation_steps": k, "micro_batch_size": micro}
@@ -184,7 +184,7 @@ class StepChecks:
             oom_grace=1e9,  # OOMs are what this step shows
         )
         job, new = out["job"], out["new_shard"]
-        self.say(f"model.fit(job): {job['outcome']}" + render.message(job))
+        self.say(f"model.fit(job): {job['outcome']}" + outcome_text(job))
         if job["outcome"] == "TypeError":
             self.say(
                 "  (Keras traces the train step once with the batch shape relaxed to None when "
@@ -192,7 +192,7 @@ class StepChecks:
                 "cannot even start on mixed resolutions)"
             )
         self.say(
-            f"model.fit(new shard alone, {LARGE}x{LARGE}): {new['outcome']}" + render.message(new)
+            f"model.fit(new shard alone, {LARGE}x{LARGE}): {new['outcome']}" + outcome_text(new)
         )
         ok = job["outcome"] != "completed" and new["outcome"] == "ResourceExhaustedError"
         return ok, out

@@ -54,12 +54,12 @@ def summary(console: Console, result: DemoResult) -> None:
     )
 
 
-def message(outcome: dict[str, Any]) -> str:
+def outcome_text(outcome: dict[str, Any]) -> str:
     """` — MESSAGE` of a training outcome, cut to 160 characters ("" without one)."""
     return f" — {outcome['message'][:160]}" if outcome.get("message") else ""
 
 
-def size(value: Any) -> str:
+def size_text(value: Any) -> str:
     """A byte count as memfit writes sizes; `?` when there is none."""
     from memfit.sizes import format_size
 

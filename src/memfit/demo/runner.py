@@ -16,7 +16,6 @@ from typing import Any
 
 from rich.console import Console
 
-from memfit.demo import render
 from memfit.demo.checks import StepChecks
 from memfit.demo.job import (
     BATCH,
@@ -26,6 +25,7 @@ from memfit.demo.job import (
     TARGET_BATCH,
     Settings,
 )
+from memfit.demo.render import intro, step_header, step_outcome, summary
 from memfit.demo.results import DemoResult, StepResult
 from memfit.errors import MemfitError
 
@@ -75,7 +75,7 @@ class Demo(StepChecks):
     def step(
         self, name: str, claim: str, command: str, body: Callable[[], tuple[bool, dict[str, Any]]]
     ) -> StepResult:
-        render.step_header(self.console, len(self.steps) + 1, name, command)
+        step_header(self.console, len(self.steps) + 1, name, command)
         started = time.perf_counter()
         problem = None
         with self.console.status(f"{name}...", spinner="dots"):
@@ -90,7 +90,7 @@ class Demo(StepChecks):
             problem = details.pop("problem", "the run did not show what this step claims")
         result = StepResult(name, claim, ok, seconds, command, details, problem)
         self.steps.append(result)
-        render.step_outcome(self.console, result)
+        step_outcome(self.console, result)
         return result
 
     # steps
@@ -98,7 +98,7 @@ class Demo(StepChecks):
         s = self.settings
         started = time.perf_counter()
         os.makedirs(self.out, exist_ok=True)
-        render.intro(self.console, s)
+        intro(self.console, s)
         model, data, large = (
             "memfit.demo:detector",
             "memfit.demo:samples",
@@ -158,7 +158,7 @@ class Demo(StepChecks):
             self.check_report,
         )
         result = DemoResult(self.steps, self.report_path, s.memory, time.perf_counter() - started)
-        render.summary(self.console, result)
+        summary(self.console, result)
         return result
 
 
