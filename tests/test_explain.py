@@ -12,12 +12,9 @@ import os
 
 from helpers import run_cli, run_isolated
 
-from memfit.attribution import LayerTree
+from memfit.attribution import AllocationRecord, LayerTree, StepInfo, VariableInfo
 from memfit.explain import (
-    AllocationRecord,
     Explanation,
-    StepInfo,
-    VariableInfo,
     allocator_order,
     compare_with_estimate,
     explain_live_set,

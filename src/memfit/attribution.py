@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 
 # The kinds of memory a step's bytes are attributed to, by `memfit.estimate`'s breakdown and
 # by `memfit measure --explain` alike (see `memfit.explain` for what each holds).
@@ -139,3 +140,67 @@ class LayerTree:
     def label(self, path: Sequence[str]) -> str:
         """The label of the layer at `path` (its name, or its shortest unique path)."""
         return self.labels.get(tuple(path), "/".join(path))
+
+
+@dataclass
+class AllocationRecord:
+    """One call of the allocator, as TensorFlow's profiler recorded it.
+
+    Attributes:
+        event: `"alloc"` or `"free"`.
+        time_ps: when (picoseconds; only the order matters).
+        addr: the chunk's address (pairs a free with its allocation).
+        nbytes: the chunk's bytes (what the allocator counts as in use).
+        requested_bytes: what the op asked for.
+        in_use_bytes: the allocator's bytes in use after this call.
+        op: the op that asked (`tf_op`), "" for frees.
+        region: `"output"` (an op's output), `"temp"` (a kernel's scratch), or "".
+        dtype: the tensor's dtype name ("" when unknown).
+        shape: the tensor's shape (None when unknown).
+        allocator: the allocator's name.
+    """
+
+    event: str
+    time_ps: int
+    addr: int
+    nbytes: int
+    requested_bytes: int = 0
+    in_use_bytes: int = 0
+    op: str = ""
+    region: str = ""
+    dtype: str = ""
+    shape: list[int] | None = None
+    allocator: str = ""
+
+    @property
+    def delta(self) -> int:
+        """How the bytes in use changed with this call."""
+        return self.nbytes if self.event == "alloc" else -self.nbytes
+
+
+@dataclass
+class VariableInfo:
+    """A variable resident before the step: its layer, kind, size, shape and dtype."""
+
+    name: str
+    layer: str
+    kind: str  # weights, optimizer_slots or other_state
+    nbytes: int
+    shape: list[int]
+    dtype: str
+    trainable: bool = False
+
+
+@dataclass
+class StepInfo:
+    """What the explanation needs to know about the model (built by `memfit.backend`).
+
+    Attributes:
+        tree: the model's layers, for attributing op names.
+        variables: every variable resident before the step, model's and optimizer's.
+        optimizer_name: the optimizer's name scope (`adam`), whose ops are the update.
+    """
+
+    tree: LayerTree
+    variables: list[VariableInfo] = field(default_factory=list)
+    optimizer_name: str = ""

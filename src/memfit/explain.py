@@ -32,7 +32,13 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from memfit.attribution import KINDS, LayerTree, scope_segments, strip_suffix
+from memfit.attribution import (
+    KINDS,
+    AllocationRecord,
+    StepInfo,
+    scope_segments,
+    strip_suffix,
+)
 from memfit.sizes import format_size
 
 GRANULE = 256  # the BFC allocator's rounding
@@ -43,42 +49,6 @@ LARGEST = 10
 _INPUT_OPS = ("Iterator", "Optional", "optional", "Prefetch", "TensorSliceDataset")
 # Ops that give a variable a new buffer (copy-on-write when its old one is still read).
 _VARIABLE_WRITES = ("Assign", "ResourceApply", "ResourceScatter", "ResourceSparseApply")
-
-
-@dataclass
-class AllocationRecord:
-    """One call of the allocator, as TensorFlow's profiler recorded it.
-
-    Attributes:
-        event: `"alloc"` or `"free"`.
-        time_ps: when (picoseconds; only the order matters).
-        addr: the chunk's address (pairs a free with its allocation).
-        nbytes: the chunk's bytes (what the allocator counts as in use).
-        requested_bytes: what the op asked for.
-        in_use_bytes: the allocator's bytes in use after this call.
-        op: the op that asked (`tf_op`), "" for frees.
-        region: `"output"` (an op's output), `"temp"` (a kernel's scratch), or "".
-        dtype: the tensor's dtype name ("" when unknown).
-        shape: the tensor's shape (None when unknown).
-        allocator: the allocator's name.
-    """
-
-    event: str
-    time_ps: int
-    addr: int
-    nbytes: int
-    requested_bytes: int = 0
-    in_use_bytes: int = 0
-    op: str = ""
-    region: str = ""
-    dtype: str = ""
-    shape: list[int] | None = None
-    allocator: str = ""
-
-    @property
-    def delta(self) -> int:
-        """How the bytes in use changed with this call."""
-        return self.nbytes if self.event == "alloc" else -self.nbytes
 
 
 @dataclass
@@ -206,34 +176,6 @@ def live_at_peak(records: Sequence[AllocationRecord]) -> LiveSet:
     )
     result.unmatched_bytes = result.peak_bytes - result.listed_bytes
     return result
-
-
-@dataclass
-class VariableInfo:
-    """A variable resident before the step: its layer, kind, size, shape and dtype."""
-
-    name: str
-    layer: str
-    kind: str  # weights, optimizer_slots or other_state
-    nbytes: int
-    shape: list[int]
-    dtype: str
-    trainable: bool = False
-
-
-@dataclass
-class StepInfo:
-    """What the explanation needs to know about the model (built by `memfit.backend`).
-
-    Attributes:
-        tree: the model's layers, for attributing op names.
-        variables: every variable resident before the step, model's and optimizer's.
-        optimizer_name: the optimizer's name scope (`adam`), whose ops are the update.
-    """
-
-    tree: LayerTree
-    variables: list[VariableInfo] = field(default_factory=list)
-    optimizer_name: str = ""
 
 
 def _round(nbytes: int) -> int:
@@ -498,6 +440,7 @@ def explain_records(
     workload: Any,
     records: Sequence[AllocationRecord],
     *,
+    info: StepInfo,
     device: str,
     batch_size: int,
     measured_peak_bytes: int | None,
@@ -509,6 +452,8 @@ def explain_records(
         workload: the `memfit.Workload` measured (its model's layers and variables).
         records: the allocator records of the measured steps
             (`memfit.backend.tf_profile.AllocationRecorder`).
+        info: the model's layers and resident variables
+            (`memfit.backend.tf_profile.step_info(workload)`).
         device: the device measured.
         batch_size: the steps' batch size (for the estimate of the same step).
         measured_peak_bytes: the measurement's peak.
@@ -516,16 +461,15 @@ def explain_records(
 
     Example:
         ```python
-        explanation = explain_records(workload, records, device="CPU:0", batch_size=16,
+        explanation = explain_records(workload, records, info=step_info(workload),
+                                      device="CPU:0", batch_size=16,
                                       measured_peak_bytes=peak)
         ```
     """
-    from memfit.backend import tf_profile
-
     live = live_at_peak(records)
     explanation = explain_live_set(
         live,
-        tf_profile.step_info(workload),
+        info,
         device=device,
         allocator=records[0].allocator if records else "",
         measured_peak_bytes=measured_peak_bytes,

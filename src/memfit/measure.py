@@ -308,11 +308,13 @@ def _explain(
     workload: Workload, records: list[Any], device: str, batch_size: int, result: Measurement
 ) -> Any:
     """What was alive at the measured steps' peak, from their allocator records."""
+    from memfit.backend.tf_profile import step_info
     from memfit.explain import explain_records
 
     return explain_records(
         workload,
         records,
+        info=step_info(workload),
         device=device,
         batch_size=int(batch_size),
         measured_peak_bytes=max(result.peaks_bytes) if result.peaks_bytes else None,

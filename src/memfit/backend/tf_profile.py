@@ -19,9 +19,9 @@ import tempfile
 from collections.abc import Callable
 from typing import Any
 
+from memfit.attribution import AllocationRecord
 from memfit.backend import tf as tfb
 from memfit.errors import MeasurementError
-from memfit.explain import AllocationRecord
 
 _ALLOC = "MemoryAllocation"
 _FREE = "MemoryDeallocation"
@@ -259,13 +259,13 @@ def _shape(value: Any) -> list[int] | None:
 
 
 def step_info(workload: Any) -> Any:
-    """The model's layers and resident variables, as `memfit.explain.StepInfo`.
+    """The model's layers and resident variables, as `memfit.attribution.StepInfo`.
 
     Each model variable belongs to the innermost layer that holds it, each optimizer slot
     to the layer of the variable it was made for (`memfit.backend.tf_layers`).
     """
+    from memfit.attribution import StepInfo, VariableInfo
     from memfit.backend.tf_layers import layer_tree, variable_owners
-    from memfit.explain import StepInfo, VariableInfo
 
     tf = tfb.import_tf()
     model = workload.model

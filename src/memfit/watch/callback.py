@@ -10,10 +10,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import memfit.watch.detectors as detectors
 from memfit.backend import tf as tfb
 from memfit.budget import as_budget, emulated_budget
 from memfit.errors import MemfitError
-from memfit.watch import detectors
 from memfit.watch.console import WatchConsole
 from memfit.watch.findings import WatchFinding
 from memfit.watch.input_timing import first_input_shape, oom_of, timed_train_function
