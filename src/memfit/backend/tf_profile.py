@@ -5,7 +5,7 @@ which memfit's emulation sets) the profiler records a `MemoryAllocation` or
 `MemoryDeallocation` event for each allocator call: the op that asked (`tf_op`), the chunk's
 address and size, the bytes in use after the call, the tensor's shape and dtype, and whether
 it was an op's output or a kernel's scratch (`region_type`). `record_allocations` runs a
-callable under the profiler and returns those events as `memfit.explain.AllocationRecord`s,
+callable under the profiler and returns those events as `memfit.attribution.AllocationRecord`s,
 in the order they were recorded; `memfit.explain` reconstructs what was alive at the peak.
 """
 
