@@ -11,7 +11,6 @@ import os
 import tempfile
 from typing import Any
 
-# `run_in_child` is also imported from here by modules that predate `memfit._runner`.
 from memfit._runner import run_in_child
 from memfit.budget import Budget
 from memfit.errors import WorkloadError

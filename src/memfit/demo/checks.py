@@ -173,8 +173,8 @@ class StepChecks:
         return ok, {"accumulation_steps": k, "micro_batch_size": micro}
 
     def check_plain_fit(self) -> tuple[bool, dict[str, Any]]:
+        from memfit._runner import run_in_child
         from memfit.budget import Budget
-        from memfit.isolate import run_in_child
 
         out = run_in_child(
             "memfit.demo:train_plain",
@@ -198,8 +198,8 @@ class StepChecks:
         return ok, out
 
     def check_memfit_fit(self) -> tuple[bool, dict[str, Any]]:
+        from memfit._runner import run_in_child
         from memfit.budget import Budget
-        from memfit.isolate import run_in_child
 
         if os.path.exists(self.log_path):
             os.remove(self.log_path)
