@@ -198,12 +198,6 @@ def test_bad_data_is_refused() -> None:
         Workload(model, data=empty, worst_case=True).batch(1)
 
 
-@pytest.mark.xfail(
-    reason="Workload._batch_from_data catches tf.errors.OutOfRangeError, but "
-    "Dataset.get_single_element raises InvalidArgumentError ('Dataset was empty') for an "
-    "empty dataset, so the user gets TensorFlow's error instead of WorkloadError",
-    strict=True,
-)
 def test_an_empty_dataset_is_refused_without_worst_case() -> None:
     empty = _ragged_data().take(0)
     with pytest.raises(WorkloadError, match="data is empty"):
