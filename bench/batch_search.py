@@ -163,10 +163,10 @@ def run_memfit(method: str, case: Case, budget: Any, seen: dict[int, list[bool]]
     model: Any = case.spec
     data: Any = case.data
     if in_process:
-        from memfit.models import _call_factory
+        from memfit.models import call_factory
 
         model = memfit.load_model(case.spec, input_shape=case.input_shape)
-        data = _call_factory(case.data) if case.data else None
+        data = call_factory(case.data) if case.data else None
     start = time.perf_counter()
     result = memfit.find_batch_size(
         model,

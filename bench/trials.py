@@ -30,11 +30,11 @@ def train_steps(
     on a GPU, where tf.data's buffers live in host memory.
     """
     from memfit.backend import tf as tfb
-    from memfit.models import _call_factory, load_model
+    from memfit.models import call_factory, load_model
     from memfit.workload import Workload
 
     model = load_model(spec, input_shape=tuple(input_shape) if input_shape else None)
-    dataset = _call_factory(data) if data else None
+    dataset = call_factory(data) if data else None
     workload = Workload(model, input_shape=input_shape, data=dataset)
     try:
         x, y = workload.batch(batch_size)
@@ -78,11 +78,11 @@ def fit_steps(
         {'oom': False, 'seconds': 9.1, 'steps': 20}
     """
     from memfit.backend import tf as tfb
-    from memfit.models import _call_factory, load_model
+    from memfit.models import call_factory, load_model
     from memfit.workload import Workload
 
     model = load_model(spec, input_shape=tuple(input_shape) if input_shape else None)
-    dataset = _call_factory(data) if data else None
+    dataset = call_factory(data) if data else None
     workload = Workload(model, input_shape=input_shape, data=dataset)
     try:
         x, y = workload.batch(batch_size)
@@ -132,12 +132,12 @@ def search_child(
     from bench.baselines import binsearch_scaling, find_executable_batch_size, power_scaling
     from memfit.backend import tf as tfb
     from memfit.budget import emulated_budget
-    from memfit.models import _call_factory, load_model
+    from memfit.models import call_factory, load_model
     from memfit.workload import Workload
 
     budget = emulated_budget()
     model = load_model(spec, input_shape=tuple(input_shape) if input_shape else None)
-    dataset = _call_factory(data) if data else None
+    dataset = call_factory(data) if data else None
     workload = Workload(model, input_shape=input_shape, data=dataset)
     device = tfb.default_device()
     tf = tfb.import_tf()
