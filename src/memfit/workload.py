@@ -250,18 +250,13 @@ class Workload:
                 .map(lambda _i, *sample: sample if len(sample) > 1 else sample[0])
             )
             dataset = largest
-        if not self.worst_case and next(iter(dataset.take(1)), None) is None:
-            # `repeat()` of an empty dataset is empty too, and `get_single_element` then
-            # raises InvalidArgumentError, which also means a batch of mismatched shapes.
-            raise WorkloadError("data is empty: it yields no samples")
         spec = dataset.element_spec
         defined = all(s.shape.is_fully_defined() for s in tf.nest.flatten(spec))
         dataset = dataset.repeat().take(batch_size)
         dataset = dataset.batch(batch_size) if defined else dataset.padded_batch(batch_size)
-        try:
-            batch = dataset.get_single_element()
-        except tf.errors.OutOfRangeError:
-            raise WorkloadError("data is empty: it yields no samples") from None
+        batch = next(iter(dataset), None)  # `repeat()` of an empty dataset is empty too
+        if batch is None:
+            raise WorkloadError("data is empty: it yields no samples")
         return batch[0], batch[1]
 
     def _checked_data(self) -> Any:
