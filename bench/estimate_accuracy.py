@@ -1,30 +1,40 @@
-"""Benchmark: memfit.estimate's predicted peak against the measured one, and two baselines.
+"""Benchmark: memfit.estimate's predicted peak against the step as users run it, and two baselines.
 
-For each model x batch size x optimizer (Adam; SGD with momentum 0.9), `--processes` (3) fresh
-child processes under an emulated budget (CPU, BFC allocator, oneDNN off) each measure the step
-as `memfit.measure` does (one warm-up, then the highest peak of 3 steps); the measured peak is
-their median, because the executor's order, and so the peak, is fixed when a process
-instantiates the step and can differ from one instantiation to the next (ResNet50 96 px
-batch 2 Adam: 337 MiB in most, 345-475 MiB in some; see `memfit.estimate.simulate`). The
-first of them then also predicts it three ways:
+Each case (model x size x batch x optimizer: Adam; SGD with momentum 0.9) is measured under
+two threadings: `default`, TensorFlow's own thread pools as a user's process gets them (nothing
+pinned), and `pinned`, 1 inter-op and 2 intra-op threads set before TensorFlow initialises (the
+executor's single-thread order). Per case and threading, `--processes` (3) fresh child
+processes under an emulated budget (CPU, BFC allocator, oneDNN off, 6 GiB) each measure the
+step `model.fit` runs (`memfit.measure`'s default: Keras' own train function fed through a
+`tf.data` iterator): one warm-up step, then the highest peak of `--steps` (5). The measured
+peak is the highest of the processes (the run a user may get; the median is in the JSON): the
+executor's order, and so the peak, is fixed when a process instantiates the step and differs
+from one instantiation to the next. The first process also predicts, in the same threading:
 
-- memfit: `memfit.estimate` (traced step replayed through executor + BFC model);
+- memfit: `memfit.estimate` (traced step replayed through executor + BFC model): its
+  `peak_bytes`, and `high_bytes`, the high bound of its range, where the estimate has one;
 - stackoverflow: the popular formula `4 bytes x (batch x sum of layer output elements +
   parameters)` (https://stackoverflow.com/q/43130435, the "rough estimate" answers);
 - grappler: TensorFlow's own `Cluster.DeterminePeakMemoryUsage` on the same traced step graph
   (tensorflow/python/grappler/cluster.py, a virtual CPU cluster), plus the measured resident
   bytes (weights, optimizer state) that its graph does not hold.
 
-Conditions (what the estimate predicts): TensorFlow's thread pools are pinned in every child
-before it initialises, 1 inter-op thread and `--intra-op-threads` (default 2) intra-op threads,
-so the executor runs ops in its single-thread order and the memory does not depend on how busy
-the machine is; measuring and estimating read the same settings. Models: the keras.applications
-below (weights=None, 10 classes) and two keras-hub models built from config (no download):
-RetinaNet with a ResNet-10 encoder (`memfit.zoo.retinanet`, generated detection samples) and a
-ViT-Tiny classifier with 8-pixel patches (`memfit.zoo.vit_classifier`).
+Reported per case: the signed error (estimate - measured) / measured and whether the measured
+peak lies in the range [peak_bytes, high_bytes]; per group and threading: median, p90 and max
+of |error|, the share of cases the estimate is under the measured peak (unsafe), the share
+with measured <= high_bytes (coverage) and the median of (high_bytes - measured) / measured.
 
-    python -m bench.estimate_accuracy --quick            # 2 models, 96 px (about 15 minutes)
-    python -m bench.estimate_accuracy --out out.json     # all 10 models, 96 px
+Groups: `tuned-on`, the set the estimate was developed on (10 models at 96 px: the
+keras.applications below, a keras-hub RetinaNet with a ResNet-10 encoder and a ViT-Tiny
+classifier, both built from config), and `unseen`, families it was not: MobileNet (v1),
+EfficientNetB3, RegNetX002 (`bench.models.regnetx002`: Keras 3 ships no RegNet),
+InceptionResNetV2, DenseNet201 and the RetinaNet at two larger resolutions. With `--jobs` above
+1, processes run side by side: under default threading their thread pools then share the
+cores, as on a busy machine.
+
+    python -m bench.estimate_accuracy --quick                     # 2 models (< 10 minutes)
+    python -m bench.estimate_accuracy --group unseen --optimizers adam --one-batch
+    python -m bench.estimate_accuracy --out out.json              # both groups, both threadings
 """
 
 from __future__ import annotations
@@ -32,69 +42,93 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "tests"))
 from helpers import run_isolated  # noqa: E402
 
-console = Console()
+from bench.machine import describe  # noqa: E402
 
-MODELS = [
-    "MobileNetV2",
-    "ResNet50",
-    "EfficientNetB0",
-    "VGG16",
-    "DenseNet121",
-    "InceptionV3",
-    "NASNetMobile",
-    "ConvNeXtTiny",
-    "RetinaNet",
-    "ViT",
+# Wide enough for the per-case table when the output goes to a file.
+console = Console(width=None if sys.stdout.isatty() else 220)
+
+
+@dataclass(frozen=True)
+class Spec:
+    """One model of the benchmark: its image side, batch sizes and group."""
+
+    model: str
+    size: int
+    batches: tuple[int, ...]
+    group: str
+
+
+TUNED_ON = [
+    Spec(name, 96, (2, 4, 8), "tuned-on")
+    for name in (
+        "MobileNetV2",
+        "ResNet50",
+        "EfficientNetB0",
+        "VGG16",
+        "DenseNet121",
+        "InceptionV3",
+        "NASNetMobile",
+        "ConvNeXtTiny",
+        "RetinaNet",
+        "ViT",
+    )
 ]
-QUICK = ["MobileNetV2", "ResNet50"]
+# Sizes and batches so that one process (trace, warm-up, 5 steps, and the estimate in the
+# first) takes well under a minute or two on 2 cores.
+UNSEEN = [
+    Spec("MobileNet", 128, (8, 16), "unseen"),
+    Spec("EfficientNetB3", 96, (4, 8), "unseen"),
+    Spec("RegNetX002", 128, (8, 16), "unseen"),
+    Spec("InceptionResNetV2", 96, (4, 8), "unseen"),
+    Spec("DenseNet201", 96, (4, 8), "unseen"),
+    Spec("RetinaNet", 192, (2, 4), "unseen"),
+    Spec("RetinaNet", 320, (2, 4), "unseen"),
+]
+QUICK = [Spec("MobileNetV2", 96, (4,), "tuned-on"), Spec("MobileNet", 128, (8,), "unseen")]
+THREADINGS = {"default": (0, 0), "pinned": (1, 2)}
 
 CHILD = """
 import memfit, keras, numpy as np
 from memfit.backend import tf as tfb
 from memfit.workload import Workload
-from memfit.measure import measure_workload, _build_optimizer
+from memfit.measure import measure_workload
 tf = tfb.import_tf()
 if {inter}:
     tf.config.threading.set_inter_op_parallelism_threads({inter})
 if {intra}:
     tf.config.threading.set_intra_op_parallelism_threads({intra})
+from bench.models import accuracy_model
 name, size, batch, opt = {name!r}, {size}, {batch}, {opt!r}
 optimizer = keras.optimizers.Adam() if opt == "adam" else keras.optimizers.SGD(momentum=0.9)
-data = None
-if name == "RetinaNet":
-    from memfit import zoo
-    model = zoo.retinanet(size, compile=False)
-    model.compile(optimizer=optimizer)
-    data = zoo.detection_samples(batch, size)
-elif name == "ViT":
-    from memfit import zoo
-    model = zoo.vit_classifier(size, num_classes=10)
-else:
-    model = getattr(keras.applications, name)(weights=None, input_shape=(size, size, 3), classes=10)
+model, data = accuracy_model(name, size, batch, optimizer)
 # The detector compiled itself with its losses and our optimizer: keep that compile.
 workload = Workload(model, optimizer=None if data is not None else optimizer, data=data)
-_build_optimizer(model)
-m = measure_workload(workload, batch, repeats=3, device="CPU:0", budget=None)
+# The step model.fit runs (memfit.measure's default step): a warm-up, then {steps} steps.
+m = measure_workload(workload, batch, repeats={steps}, device="CPU:0", budget=None)
 measured = {{"peak": m.peak_bytes, "peaks": m.peaks_bytes, "resident": m.resident_bytes}}
-if {only_measure}:
+if not {predict}:
     emit(measured)
     raise SystemExit(0)
 resident = m.resident_bytes
+import time as _time
+started = _time.perf_counter()
 e = memfit.estimate(model, batch, data=data)
+estimate_seconds = _time.perf_counter() - started
 params = sum(int(np.prod(v.shape)) for v in model.weights)
 
 def layer_outputs(model):
@@ -114,6 +148,8 @@ def layer_outputs(model):
 stackoverflow = 4 * (batch * layer_outputs(model) + params)
 grappler = None
 try:
+    if not {grappler}:
+        raise RuntimeError("not asked for (--no-grappler)")
     from memfit.backend import tf_trace
     from tensorflow.python.grappler import cluster as gcluster, item as gitem
     from tensorflow.core.protobuf import meta_graph_pb2, device_properties_pb2
@@ -144,185 +180,357 @@ try:
     grappler = int(max(v[0] for v in report.values()) + resident)
 except Exception as exc:
     print("grappler failed:", exc)
-emit({{**measured, "memfit": e.peak_bytes, "stackoverflow": stackoverflow, "grappler": grappler,
+high = getattr(e, "high_bytes", None)
+emit({{**measured, "memfit": e.peak_bytes, "memfit_high": None if high is None else int(high),
+       "stackoverflow": stackoverflow, "grappler": grappler,
+       "estimate_seconds": estimate_seconds,
        "phase": e.peak_moment.get("phase"), "layer": e.peak_moment.get("layer"),
+       "op": e.peak_moment.get("op"),
        "inter_op_threads": tf.config.threading.get_inter_op_parallelism_threads(),
        "intra_op_threads": tf.config.threading.get_intra_op_parallelism_threads()}})
 """
 
 
-def _error(predicted: int | None, measured: int) -> float | None:
+def cases_for(
+    specs: list[Spec],
+    optimizers: list[str],
+    threadings: list[str],
+    batches: list[int] | None = None,
+    size: int | None = None,
+) -> list[dict[str, Any]]:
+    """The cases to run: every spec x batch x optimizer x threading (`batches`/`size` override).
+
+    Example:
+        >>> [c["threads"] for c in cases_for(QUICK[:1], ["adam"], ["default", "pinned"])]
+        ['default', 'pinned']
+    """
+    return [
+        {
+            "group": spec.group,
+            "model": spec.model,
+            "size": size or spec.size,
+            "batch_size": batch,
+            "optimizer": opt,
+            "threads": threads,
+        }
+        for spec in specs
+        for batch in (batches or spec.batches)
+        for opt in optimizers
+        for threads in threadings
+    ]
+
+
+def error(predicted: int | None, measured: int) -> float | None:
+    """Signed relative error (predicted - measured) / measured; None without a prediction."""
     return None if predicted is None else (predicted - measured) / measured
 
 
-def _stats(errors: list[float]) -> dict[str, float | None]:
-    values = sorted(abs(e) for e in errors)
-    if not values:
-        return {"median": None, "p90": None, "max": None}
-    p90 = values[min(len(values) - 1, int(round(0.9 * (len(values) - 1))))]
-    return {"median": statistics.median(values), "p90": p90, "max": values[-1]}
+def in_range(low: int, high: int | None, measured: int) -> bool | None:
+    """Whether `measured` lies in [low, high]; None when the estimate has no high bound."""
+    return None if high is None else low <= measured <= high
+
+
+def _quantile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+
+
+def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Median, p90 and max |error|, the unsafe share, coverage and high margin of `rows`.
+
+    Example:
+        >>> s = summarise([{"memfit_error": -0.1, "measured": 100, "memfit": 90,
+        ...                 "memfit_high": 120, "stackoverflow_error": 0.5,
+        ...                 "grappler_error": None}])
+        >>> s["memfit"]["unsafe"], s["memfit"]["coverage"], s["memfit"]["high_margin_median"]
+        (1.0, 1.0, 0.2)
+    """
+    summary: dict[str, Any] = {"cases": len(rows)}
+    for method in ("memfit", "stackoverflow", "grappler"):
+        errors = [r[f"{method}_error"] for r in rows if r[f"{method}_error"] is not None]
+        if not errors:
+            summary[method] = None
+            continue
+        size = [abs(e) for e in errors]
+        summary[method] = {
+            "n": len(errors),
+            "median": statistics.median(size),
+            "p90": _quantile(size, 0.9),
+            "max": max(size),
+            "worst_signed": max(errors, key=abs),
+            "unsafe": sum(e < 0 for e in errors) / len(errors),
+        }
+    ranged = [r for r in rows if r.get("memfit_high") is not None]
+    if summary["memfit"] is not None:
+        summary["memfit"]["coverage"] = (
+            sum(r["measured"] <= r["memfit_high"] for r in ranged) / len(ranged) if ranged else None
+        )
+        summary["memfit"]["in_range"] = (
+            sum(bool(in_range(r["memfit"], r["memfit_high"], r["measured"])) for r in ranged)
+            / len(ranged)
+            if ranged
+            else None
+        )
+        summary["memfit"]["high_margin_median"] = (
+            statistics.median((r["memfit_high"] - r["measured"]) / r["measured"] for r in ranged)
+            if ranged
+            else None
+        )
+    return summary
+
+
+def _pct(value: float | None, signed: bool = True) -> str:
+    return "n/a" if value is None else (f"{value:+.1%}" if signed else f"{value:.1%}")
+
+
+def _mib(value: int | None) -> str:
+    return "n/a" if value is None else f"{value / 2**20:.1f}"
+
+
+def case_table(rows: list[dict[str, Any]], title: str) -> Table:
+    """The per-case table: estimate, its high bound, the measured peaks and the errors."""
+    table = Table(title=title)
+    for column in (
+        "group",
+        "model",
+        "px",
+        "opt",
+        "batch",
+        "threads",
+        "estimate MiB",
+        "high MiB",
+        "measured max MiB",
+        "each process MiB",
+        "error",
+        "in range",
+        "stackoverflow",
+        "grappler",
+        "peak moment",
+    ):
+        table.add_column(column, justify="left" if column in ("group", "model") else "right")
+    for row in rows:
+        ranged = in_range(row["memfit"], row["memfit_high"], row["measured"])
+        table.add_row(
+            row["group"],
+            row["model"],
+            str(row["size"]),
+            row["optimizer"],
+            str(row["batch_size"]),
+            row["threads"],
+            _mib(row["memfit"]),
+            _mib(row["memfit_high"]),
+            _mib(row["measured"]),
+            ", ".join(f"{p / 2**20:.0f}" for p in row["measured_each"]),
+            _pct(row["memfit_error"]),
+            "n/a" if ranged is None else ("yes" if ranged else "no"),
+            _pct(row["stackoverflow_error"]),
+            _pct(row["grappler_error"]),
+            f"{row.get('phase')}, {row.get('layer') or row.get('op')}",
+        )
+    return table
+
+
+def summary_table(summaries: dict[str, dict[str, Any]]) -> Table:
+    """One line per group and threading: memfit's figures and the baselines' medians."""
+    table = Table(title="memfit.estimate against the measured max (|error| unless signed)")
+    for column in (
+        "group / threads",
+        "cases",
+        "median",
+        "p90",
+        "max (signed)",
+        "unsafe",
+        "coverage",
+        "in range",
+        "high margin",
+        "stackoverflow median",
+        "grappler median",
+    ):
+        table.add_column(column, justify="left" if column == "group / threads" else "right")
+    for key, s in summaries.items():
+        m = s["memfit"]
+        if m is None:
+            continue
+        table.add_row(
+            key,
+            str(s["cases"]),
+            _pct(m["median"], False),
+            _pct(m["p90"], False),
+            _pct(m["worst_signed"]),
+            _pct(m["unsafe"], False),
+            _pct(m["coverage"], False),
+            _pct(m["in_range"], False),
+            _pct(m["high_margin_median"]),
+            _pct(s["stackoverflow"] and s["stackoverflow"]["median"], False),
+            _pct(s["grappler"] and s["grappler"]["median"], False),
+        )
+    return table
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Run the benchmark; print the table; write JSON with `--out`."""
+    """Run the benchmark; print the tables; write JSON with `--out`."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="2 models at 96 px.")
-    parser.add_argument("--models", nargs="*", help="keras.applications names, RetinaNet or ViT.")
-    parser.add_argument("--size", type=int, default=96, help="Image side in pixels.")
-    parser.add_argument("--batches", default="2,4,8", help="Comma-separated batch sizes.")
+    parser.add_argument("--quick", action="store_true", help="MobileNetV2 and MobileNet, Adam.")
     parser.add_argument(
-        "--inter-op-threads",
-        type=int,
-        default=1,
-        help="TensorFlow inter-op threads in each child (default 1: the executor's "
-        "single-thread order, which memfit predicts; 0: TensorFlow's default).",
+        "--group",
+        choices=("tuned-on", "unseen", "all"),
+        default="all",
+        help="tuned-on: the 10 models the estimate was developed on; unseen: the new families.",
     )
     parser.add_argument(
-        "--intra-op-threads",
-        type=int,
-        default=2,
-        help="TensorFlow intra-op threads in each child (default 2; 0: TensorFlow's default).",
+        "--models",
+        nargs="*",
+        help="Only these models (keras.applications names, RetinaNet, ViT, RegNetX002).",
+    )
+    parser.add_argument("--size", type=int, help="Image side in pixels (default: per model).")
+    parser.add_argument("--batches", help="Comma-separated batch sizes (default: per model).")
+    parser.add_argument(
+        "--one-batch", action="store_true", help="Only each model's smallest batch size."
     )
     parser.add_argument(
-        "--jobs",
-        type=int,
-        default=2,
-        help="Child processes at once (memory does not depend on it: threads are pinned).",
+        "--optimizers", default="adam,sgd", help="Comma-separated: adam, sgd (default both)."
     )
+    parser.add_argument(
+        "--threads",
+        choices=("default", "pinned", "both"),
+        default="both",
+        help="default: TensorFlow's own thread pools; pinned: 1 inter-op, 2 intra-op threads.",
+    )
+    parser.add_argument("--jobs", type=int, default=2, help="Child processes at once.")
     parser.add_argument(
         "--processes",
         type=int,
         default=3,
-        help="Fresh processes that measure each case; the measured peak is their median "
-        "(default 3).",
+        help="Fresh processes per case and threading; the measured peak is their highest.",
+    )
+    parser.add_argument(
+        "--steps", type=int, default=5, help="Measured steps after the warm-up (default 5)."
+    )
+    parser.add_argument(
+        "--no-grappler",
+        dest="grappler",
+        action="store_false",
+        help="Leave out the grappler baseline (a second trace in each predicting process).",
     )
     parser.add_argument("--out", help="Write results as JSON here.")
     args = parser.parse_args(argv)
-    models = args.models or (QUICK if args.quick else MODELS)
-    size = args.size
-    batches = [int(b) for b in args.batches.split(",")]
-    started = time.perf_counter()
-    cases = [(name, opt, batch) for name in models for opt in ("adam", "sgd") for batch in batches]
 
-    def run(case: tuple[str, str, int]) -> dict[str, Any] | None:
-        name, opt, batch = case
-        settings = dict(
-            name=name,
-            size=size,
-            batch=batch,
-            opt=opt,
-            inter=args.inter_op_threads,
-            intra=args.intra_op_threads,
+    specs = QUICK if args.quick else TUNED_ON + UNSEEN
+    if args.group != "all":
+        specs = [s for s in specs if s.group == args.group]
+    if args.models:
+        specs = [s for s in specs if s.model in args.models]
+    optimizers = [o.strip() for o in args.optimizers.split(",")]
+    if not specs or any(o not in ("adam", "sgd") for o in optimizers):
+        parser.error("no model selected, or an optimizer other than adam and sgd")
+    threadings = ["default", "pinned"] if args.threads == "both" else [args.threads]
+    batches = [int(b) for b in args.batches.split(",")] if args.batches else None
+    if args.one_batch:
+        specs = [Spec(s.model, s.size, (min(s.batches),), s.group) for s in specs]
+    cases = cases_for(specs, optimizers, threadings, batches, args.size)
+    processes = max(1, args.processes)
+    jobs = [(index, p) for index in range(len(cases)) for p in range(processes)]
+    # Children import bench.models: the repository root goes on their path, ahead of the
+    # inherited one (which names the memfit sources to run, if set).
+    path = os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)
+    env = {"MEMFIT_MEMORY": "6GiB", "PYTHONPATH": path}
+    started = time.perf_counter()
+    load_before = os.getloadavg()
+    done: list[int] = [0]
+    console.print(
+        f"{len(cases)} cases x {processes} processes = {len(jobs)} processes, {args.jobs} at once"
+    )
+
+    def run(job: tuple[int, int]) -> dict[str, Any] | None:
+        index, process = job
+        case = cases[index]
+        inter, intra = THREADINGS[case["threads"]]
+        code = CHILD.format(
+            name=case["model"],
+            size=case["size"],
+            batch=case["batch_size"],
+            opt=case["optimizer"],
+            inter=inter,
+            intra=intra,
+            steps=args.steps,
+            predict=process == 0,
+            grappler=args.grappler,
         )
-        env = {"MEMFIT_MEMORY": "6GiB"}
+        label = (
+            f"{case['model']} {case['size']}px b{case['batch_size']} {case['optimizer']} "
+            f"{case['threads']} #{process + 1}"
+        )
+        began = time.perf_counter()
         try:
-            # Each fresh process instantiates the step anew, and the executor's order (so
-            # the peak) can differ between instantiations: the median of several processes.
-            # The first process also predicts (after measuring: predicting allocates none of
-            # the step's tensors).
-            r = run_isolated(CHILD.format(only_measure=False, **settings), env, 1800)
-            runs = [r] + [
-                run_isolated(CHILD.format(only_measure=True, **settings), env, 1800)
-                for _ in range(max(1, args.processes) - 1)
-            ]
-            measured = sorted(run["peak"] for run in runs)[(len(runs) - 1) // 2]
-            resident = runs[0]["resident"]
+            result = run_isolated(code, env, 1800)
         except (AssertionError, subprocess.TimeoutExpired) as exc:
-            console.print(f"{name} {size}px batch {batch} {opt}: [red]failed[/] {str(exc)[-300:]}")
-            return None
-        row = {
-            "model": name,
-            "size": size,
-            "batch_size": batch,
-            "optimizer": opt,
-            "measured": measured,
-            "measured_each": [run["peak"] for run in runs],
-            **{k: v for k, v in r.items() if k not in ("peak", "peaks")},
-            "peaks": [p for run in runs for p in run["peaks"]],
-            "resident": resident,
-        }
-        for method in ("memfit", "stackoverflow", "grappler"):
-            row[f"{method}_error"] = _error(r[method], measured)
-        console.print(
-            f"{name} {size}px batch {batch} {opt}: measured {measured / 2**20:.1f} MiB, "
-            f"memfit {row['memfit_error']:+.1%}"
-        )
-        return row
+            console.print(f"{label}: [red]failed[/] {str(exc)[-300:]}")
+            result = None
+        done[0] += 1
+        seconds = time.perf_counter() - began
+        if result is not None:
+            result["seconds"] = seconds
+            extra = ""
+            if "memfit" in result:
+                extra = (
+                    f", estimate {_mib(result['memfit'])} MiB (high "
+                    f"{_mib(result['memfit_high'])}) in {result['estimate_seconds']:.0f} s"
+                )
+            console.print(
+                f"[{done[0]}/{len(jobs)}] {label}: {_mib(result['peak'])} MiB{extra} "
+                f"({seconds:.0f} s; {time.perf_counter() - started:.0f} s in all)"
+            )
+        return result
 
     with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-        rows = [row for row in pool.map(run, cases) if row is not None]
-    table = Table(title=f"Predicted vs measured peak (CPU, BFC, {size}px)")
-    for column in (
-        "model",
-        "opt",
-        "batch",
-        "measured MiB",
-        "spread MiB",
-        "memfit",
-        "stackoverflow",
-        "grappler",
-    ):
-        table.add_column(column, justify="right" if column != "model" else "left")
-    for row in rows:
-        spread = (max(row["peaks"]) - min(row["peaks"])) / 2**20
+        results = list(pool.map(run, jobs))
 
-        def pct(value: float | None) -> str:
-            return "n/a" if value is None else f"{value:+.1%}"
-
-        table.add_row(
-            row["model"],
-            row["optimizer"],
-            str(row["batch_size"]),
-            f"{row['measured'] / 2**20:.1f}",
-            f"{spread:.1f}",
-            pct(row["memfit_error"]),
-            pct(row["stackoverflow_error"]),
-            pct(row["grappler_error"]),
-        )
-    console.print(table)
-    summary = {}
-    for method in ("memfit", "stackoverflow", "grappler"):
-        errors = [r[f"{method}_error"] for r in rows if r[f"{method}_error"] is not None]
-        summary[method] = _stats(errors)
-        s = summary[method]
-        if s["median"] is not None:
-            console.print(
-                f"{method:>14}: median {s['median']:.1%}  p90 {s['p90']:.1%}  "
-                f"max {s['max']:.1%}  (|error|, n={len(errors)})"
-            )
-    per_model_better = {}
-    for name in models:
-        mine = [abs(r["memfit_error"]) for r in rows if r["model"] == name]
-        others = {
-            m: [
-                abs(r[f"{m}_error"])
-                for r in rows
-                if r["model"] == name and r[f"{m}_error"] is not None
-            ]
-            for m in ("stackoverflow", "grappler")
+    rows = []
+    for index, case in enumerate(cases):
+        runs = results[index * processes : (index + 1) * processes]
+        first = runs[0]
+        if first is None or any(r is None for r in runs):
+            continue
+        each = [r["peak"] for r in runs]
+        measured = max(each)
+        row = {
+            **case,
+            "measured": measured,
+            "measured_median": sorted(each)[(len(each) - 1) // 2],
+            "measured_each": each,
+            "peaks": [p for r in runs for p in r["peaks"]],
+            "process_seconds": [r["seconds"] for r in runs],
+            **{k: v for k, v in first.items() if k not in ("peak", "peaks", "seconds")},
         }
-        if mine:
-            per_model_better[name] = {
-                m: (statistics.median(mine) < statistics.median(v)) if v else None
-                for m, v in others.items()
-            }
-    console.print(f"memfit better than the baseline (median per model): {per_model_better}")
-    import tensorflow as tf
+        for method in ("memfit", "stackoverflow", "grappler"):
+            row[f"{method}_error"] = error(first[method], measured)
+        row["memfit_error_vs_median"] = error(first["memfit"], row["measured_median"])
+        row["in_range"] = in_range(first["memfit"], first["memfit_high"], measured)
+        rows.append(row)
 
+    console.print(case_table(rows, "Predicted vs measured peak (CPU, BFC, highest of processes)"))
+    summaries = {}
+    for group in ("tuned-on", "unseen"):
+        for threads in threadings:
+            selected = [r for r in rows if r["group"] == group and r["threads"] == threads]
+            if selected:
+                summaries[f"{group} / {threads}"] = summarise(selected)
+    console.print(summary_table(summaries))
+    failed = len(cases) - len(rows)
+    if failed:
+        console.print(f"[red]{failed} of {len(cases)} cases failed[/] (left out of the tables)")
     result = {
         "rows": rows,
-        "summary": summary,
-        "better_per_model": per_model_better,
+        "summary": summaries,
+        "failed_cases": failed,
         "machine": {
-            "platform": platform.platform(),
-            "cpus": os.cpu_count(),
-            "tensorflow": tf.__version__,
-            "allocator": "CPU BFC (TF_CPU_ALLOCATOR_USE_BFC), oneDNN off, 6 GiB cap",
-            "inter_op_threads": args.inter_op_threads,
-            "intra_op_threads": args.intra_op_threads,
+            **describe("CPU BFC (MEMFIT_MEMORY=6GiB in each child, one region), oneDNN off"),
+            "threads": {k: {"inter_op": v[0], "intra_op": v[1]} for k, v in THREADINGS.items()},
             "jobs": args.jobs,
-            "processes_per_case": args.processes,
-            "affinity_cpus": len(os.sched_getaffinity(0)),
+            "processes_per_case": processes,
+            "measured_steps": args.steps,
+            "load_average_before": load_before,
+            "load_average_after": os.getloadavg(),
         },
         "seconds": time.perf_counter() - started,
         "command": " ".join(["python -m bench.estimate_accuracy", *(argv or sys.argv[1:])]),

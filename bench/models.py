@@ -17,3 +17,107 @@ def retinanet() -> Any:
 def detection_samples() -> Any:
     """256 synthetic 192x192 detection samples with 16 boxes each, for the RetinaNet."""
     return zoo.detection_samples(256, RETINANET_IMAGE)
+
+
+# RegNetX-200MF as Keras 2's `keras.applications.RegNetX002` built it (keras 2.15,
+# keras/applications/regnet.py; Apache 2.0): Keras 3 ships no RegNet. Stage depths, widths and
+# the group width are the paper's (Radosavovic et al. 2020, "Designing Network Design Spaces").
+REGNETX002 = {"depths": (1, 1, 4, 7), "widths": (24, 56, 152, 368), "group_width": 8}
+
+
+def regnetx002(input_shape: tuple[int, int, int], classes: int = 10) -> Any:
+    """RegNetX002 (X blocks: 1x1, grouped 3x3, 1x1, residual), random weights.
+
+    Args:
+        input_shape: one image's `(height, width, channels)`.
+        classes: outputs of the softmax head.
+
+    Returns:
+        An uncompiled `keras.Model`.
+
+    Example:
+        >>> regnetx002((64, 64, 3)).count_params() > 2_000_000
+        True
+    """
+    import keras
+    from keras import layers
+
+    def norm(name: str) -> Any:
+        return layers.BatchNormalization(momentum=0.9, epsilon=1e-5, name=name)
+
+    def x_block(x: Any, filters_in: int, filters_out: int, stride: int, name: str) -> Any:
+        groups = filters_out // REGNETX002["group_width"]
+        if stride != 1 or filters_in != filters_out:
+            skip = layers.Conv2D(
+                filters_out, 1, strides=stride, use_bias=False, name=f"{name}_skip_1x1"
+            )(x)
+            skip = norm(f"{name}_skip_bn")(skip)
+        else:
+            skip = x
+        x = layers.Conv2D(filters_out, 1, use_bias=False, name=f"{name}_conv_1x1_1")(x)
+        x = layers.ReLU(name=f"{name}_conv_1x1_1_relu")(norm(f"{name}_conv_1x1_1_bn")(x))
+        x = layers.Conv2D(
+            filters_out,
+            3,
+            strides=stride,
+            groups=groups,
+            padding="same",
+            use_bias=False,
+            name=f"{name}_conv_3x3",
+        )(x)
+        x = layers.ReLU(name=f"{name}_conv_3x3_relu")(norm(f"{name}_conv_3x3_bn")(x))
+        x = layers.Conv2D(filters_out, 1, use_bias=False, name=f"{name}_conv_1x1_2")(x)
+        x = norm(f"{name}_conv_1x1_2_bn")(x)
+        return layers.ReLU(name=f"{name}_exit_relu")(x + skip)
+
+    inputs = keras.Input(input_shape)
+    x = layers.Rescaling(1.0 / 255.0, name="prestem_rescaling")(inputs)
+    x = layers.Conv2D(32, 3, strides=2, padding="same", use_bias=False, name="stem_conv")(x)
+    x = layers.ReLU(name="stem_relu")(norm("stem_bn")(x))
+    filters_in = 32
+    for stage, (depth, width) in enumerate(
+        zip(REGNETX002["depths"], REGNETX002["widths"], strict=True)
+    ):
+        for block in range(depth):
+            stride = 2 if block == 0 else 1
+            x = x_block(x, filters_in, width, stride, name=f"stage{stage}_xblock{block}")
+            filters_in = width
+    x = layers.GlobalAveragePooling2D(name="head_gap")(x)
+    outputs = layers.Dense(classes, activation="softmax", name="head_dense")(x)
+    return keras.Model(inputs, outputs, name="regnetx002")
+
+
+def accuracy_model(name: str, size: int, batch: int, optimizer: Any) -> tuple[Any, Any]:
+    """A model of `bench.estimate_accuracy` and its data (None: memfit synthesises the batch).
+
+    Args:
+        name: a `keras.applications` name, `RegNetX002`, `RetinaNet` (keras-hub, ResNet-10
+            encoder, compiled here with its own losses and `optimizer`) or `ViT` (ViT-Tiny,
+            8-pixel patches). Classifiers have 10 classes and random weights.
+        size: image side in pixels.
+        batch: the batch size (the detector's dataset holds this many samples).
+        optimizer: the Keras optimizer the detector is compiled with; classifiers are left
+            uncompiled (the benchmark hands the optimizer to its `memfit.Workload`).
+
+    Returns:
+        `(model, data)`.
+
+    Example:
+        >>> model, data = accuracy_model("RegNetX002", 64, 2, None)
+        >>> data is None
+        True
+    """
+    import keras
+
+    from memfit import zoo
+
+    if name == "RetinaNet":
+        model = zoo.retinanet(size, compile=False)
+        model.compile(optimizer=optimizer)
+        return model, zoo.detection_samples(batch, size)
+    if name == "ViT":
+        return zoo.vit_classifier(size, num_classes=10), None
+    if name == "RegNetX002":
+        return regnetx002((size, size, 3), classes=10), None
+    factory = getattr(keras.applications, name)
+    return factory(weights=None, input_shape=(size, size, 3), classes=10), None

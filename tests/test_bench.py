@@ -289,3 +289,50 @@ def test_gpu_check_rows_compare_the_two_sides() -> None:
         "TimeoutExpired: x",
     )
     assert "plain: out of memory" in table["recovery under 256MiB"][0]
+
+
+def test_estimate_accuracy_summary_signs_errors_and_reads_the_range() -> None:
+    from bench.estimate_accuracy import error, in_range, summarise
+
+    mib = 2**20
+
+    def row(estimate: int, high: int | None, measured: int) -> dict[str, object]:
+        return {
+            "measured": measured * mib,
+            "memfit": estimate * mib,
+            "memfit_high": None if high is None else high * mib,
+            "memfit_error": error(estimate * mib, measured * mib),
+            "stackoverflow_error": 0.5,
+            "grappler_error": None,
+        }
+
+    # Under by 10%, over by 5%, under by 20% (outside its range), under by 2%.
+    rows = [row(90, 110, 100), row(105, 120, 100), row(80, 90, 100), row(98, 130, 100)]
+    memfit = summarise(rows)["memfit"]
+    assert memfit["median"] == pytest.approx(0.075)
+    assert memfit["max"] == pytest.approx(0.2)
+    assert memfit["worst_signed"] == pytest.approx(-0.2)
+    assert memfit["unsafe"] == 0.75
+    assert memfit["coverage"] == 0.75
+    assert memfit["in_range"] == 0.5  # the estimate itself is above 100 in one of the covered
+    assert memfit["high_margin_median"] == pytest.approx(0.15)
+    assert summarise(rows)["grappler"] is None
+    assert in_range(90, None, 100) is None
+    # Before the estimate has a high bound: the error still counts, the range is n/a.
+    without = summarise([row(90, None, 100)])["memfit"]
+    assert without["unsafe"] == 1.0
+    assert without["coverage"] is None and without["high_margin_median"] is None
+
+
+def test_estimate_accuracy_cases_cover_both_groups_and_threadings() -> None:
+    from bench.estimate_accuracy import QUICK, TUNED_ON, UNSEEN, cases_for
+
+    assert {s.group for s in QUICK} == {"tuned-on", "unseen"}
+    assert not {s.model for s in UNSEEN} - {"RetinaNet"} & {s.model for s in TUNED_ON}
+    cases = cases_for(UNSEEN[:1], ["adam", "sgd"], ["default", "pinned"], batches=[3])
+    assert [(c["optimizer"], c["threads"], c["batch_size"]) for c in cases] == [
+        ("adam", "default", 3),
+        ("adam", "pinned", 3),
+        ("sgd", "default", 3),
+        ("sgd", "pinned", 3),
+    ]
