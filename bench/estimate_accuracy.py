@@ -388,7 +388,8 @@ def main(argv: list[str] | None = None) -> None:
         "--one-batch", action="store_true", help="Only each model's smallest batch size."
     )
     parser.add_argument(
-        "--optimizers", default="adam,sgd", help="Comma-separated: adam, sgd (default both)."
+        "--optimizers",
+        help="Comma-separated: adam, sgd (default both; with --quick, adam).",
     )
     parser.add_argument(
         "--threads",
@@ -420,7 +421,9 @@ def main(argv: list[str] | None = None) -> None:
         specs = [s for s in specs if s.group == args.group]
     if args.models:
         specs = [s for s in specs if s.model in args.models]
-    optimizers = [o.strip() for o in args.optimizers.split(",")]
+    optimizers = [
+        o.strip() for o in (args.optimizers or ("adam" if args.quick else "adam,sgd")).split(",")
+    ]
     if not specs or any(o not in ("adam", "sgd") for o in optimizers):
         parser.error("no model selected, or an optimizer other than adam and sgd")
     threadings = ["default", "pinned"] if args.threads == "both" else [args.threads]
