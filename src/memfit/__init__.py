@@ -14,6 +14,8 @@ Public API (everything else is private):
   input-bound, divergence, OOM) and says why and what to do; `memfit report` shows its log.
 - `recompute`, `Recompute`, `RecomputeReport`: gradient checkpointing that saves memory on
   TensorFlow (segments of the layer graph under `tf.recompute_grad`).
+- `fit(..., backup_dir=...)`: preemption-safe training (`memfit.backup`: the checkpoint,
+  SIGTERM, the resume; `BackupError`).
 - `MemfitError` and its subclasses: every error a user can fix; `MemfitWarning`: what a
   user should know that does not stop the work (an uncompiled model compiled by memfit).
 - `data`: dataset checks (`memfit.data.check`), tf.data pipeline audit (`memfit.data.audit`),
@@ -32,6 +34,7 @@ from memfit.doctor import DoctorReport, Finding, doctor
 from memfit.emulate import emulate, emulate_from_environment
 from memfit.errors import (
     BackendMissingError,
+    BackupError,
     DataError,
     EmulationError,
     MeasurementError,
@@ -60,6 +63,7 @@ __version__ = "0.1.0"
 __all__ = [
     "CARDS",
     "BackendMissingError",
+    "BackupError",
     "BatchSearchResult",
     "Budget",
     "Candidate",

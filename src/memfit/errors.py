@@ -56,3 +56,7 @@ class DataError(MemfitError, ValueError):
 
 class RecomputeError(MemfitError, ValueError):
     """Recompute (gradient checkpointing) cannot apply to a model, or a policy is not valid."""
+
+
+class BackupError(MemfitError):
+    """A `backup_dir` or its checkpoint cannot be used (a file, not writable, another model)."""

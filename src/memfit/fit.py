@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
+import os
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -13,6 +15,7 @@ import numpy as np
 
 from memfit.accumulate import AccumulatingStep
 from memfit.backend import tf as tfb
+from memfit.backup import Backup
 from memfit.budget import as_budget, emulated_budget
 from memfit.checks import check_batch_size, check_positive_int
 from memfit.errors import MemfitError
@@ -323,6 +326,15 @@ class GuardedStep:
         for v, value in zip(self._state_variables(), snapshot, strict=True):
             tfb.assign_exact(v, value)
 
+    def resume_micro_batches(self, micro_batches: dict[str, int]) -> None:
+        """Start input shapes at the K an earlier run settled on (its `summary.micro_batches`).
+
+        Args:
+            micro_batches: K per input-shape key, as in `FitSummary.micro_batches`.
+        """
+        for key, k in micro_batches.items():
+            self._k[str(key)] = check_positive_int(k, "micro_batches")
+
     @property
     def trace_count(self) -> int:
         """How many step functions were traced (one per input shape and K)."""
@@ -364,6 +376,9 @@ def fit(
     on_recovery: Callable[[Recovery], None] | None = None,
     budget: Any = None,
     recompute: Any = None,
+    backup_dir: str | os.PathLike[str] | None = None,
+    save_freq: str | int = "epoch",
+    keep_backup: bool = False,
 ) -> Any:
     """`model.fit` that trains at the batch you ask for and survives out-of-memory errors.
 
@@ -393,6 +408,15 @@ def fit(
             judges the update's headroom. To cap memory, emulate it first (`memfit.emulate`).
         recompute: train with memfit's recompute (see `memfit.recompute`): `"sqrt"`, a
             count, a size, layer names, True (`"sqrt"`) or a `memfit.Recompute`.
+        backup_dir: make the run preemption-safe (see `memfit.backup`): keep a checkpoint
+            here (weights, optimizer state, K per input shape, the data position, a
+            `memfit.Watch`'s log), written atomically at each epoch's end (`save_freq`) and
+            on SIGTERM, after which the process exits with status 143. The next `fit` with
+            the same `backup_dir` resumes at the same update; a completed run removes it.
+            Exact resume needs epochs in the same order in every run (`shuffle=False` for
+            arrays, an unshuffled or fixed-seed dataset) and no `steps_per_epoch`.
+        save_freq: with `backup_dir`: `"epoch"` (default) or N, a checkpoint every N updates.
+        keep_backup: with `backup_dir`: keep the checkpoint after the run completes.
 
     Returns:
         The `keras.callbacks.History`, with `history.memfit` added.
@@ -403,6 +427,10 @@ def fit(
         history = memfit.fit(model, train_ds, epochs=10, validation_data=val_ds)
         for recovery in history.memfit.recoveries:
             print(recovery)
+
+        # Preemption-safe: SIGTERM writes a checkpoint and exits 143; run it again to resume.
+        memfit.fit(model, x, y, batch_size=64, epochs=10, shuffle=False,
+                   backup_dir="/mnt/disk/backup")
         ```
     """
     _check_model(model)
@@ -434,6 +462,18 @@ def fit(
         recompute=recompute,
     )
     tracker = _epoch_tracker(step)
+    backup = None
+    if backup_dir is not None:
+        backup = Backup(backup_dir, save_freq=save_freq, keep=keep_backup)
+        initial_epoch = backup.prepare(
+            model,
+            step,
+            x=x,
+            shuffle=shuffle,
+            steps_per_epoch=steps_per_epoch,
+            callbacks=callbacks,
+            initial_epoch=initial_epoch,
+        )
     previous = model.train_function
 
     def train_function(iterator: Any) -> dict[str, Any]:
@@ -442,24 +482,25 @@ def fit(
     train_function.guarded_step = step  # type: ignore[attr-defined]  # read by memfit.Watch
     model.train_function = train_function
     try:
-        history = model.fit(
-            x,
-            y,
-            batch_size=batch_size,
-            epochs=epochs,
-            verbose=verbose,
-            callbacks=[tracker, *(callbacks or [])],
-            validation_split=validation_split,
-            validation_data=validation_data,
-            shuffle=shuffle,
-            class_weight=class_weight,
-            sample_weight=sample_weight,
-            initial_epoch=initial_epoch,
-            steps_per_epoch=steps_per_epoch,
-            validation_steps=validation_steps,
-            validation_batch_size=validation_batch_size,
-            validation_freq=validation_freq,
-        )
+        with backup.handling_signals() if backup is not None else contextlib.nullcontext():
+            history = model.fit(
+                x,
+                y,
+                batch_size=batch_size,
+                epochs=epochs,
+                verbose=verbose,
+                callbacks=[tracker, *(callbacks or []), *([backup.callback()] if backup else [])],
+                validation_split=validation_split,
+                validation_data=validation_data,
+                shuffle=shuffle,
+                class_weight=class_weight,
+                sample_weight=sample_weight,
+                initial_epoch=initial_epoch,
+                steps_per_epoch=steps_per_epoch,
+                validation_steps=validation_steps,
+                validation_batch_size=validation_batch_size,
+                validation_freq=validation_freq,
+            )
     finally:
         model.train_function = previous
     history.memfit = step.summary

@@ -682,6 +682,16 @@ class Watch(keras.callbacks.Callback):
             self._log.close()
             self._log = None
 
+    def flush(self) -> None:
+        """Write the step lines whose loss has arrived, and flush the log file.
+
+        For a copy of the log that is up to date mid-epoch (Watch itself flushes at each
+        epoch's end): `memfit.fit(..., backup_dir=...)` calls it before a checkpoint.
+        """
+        self._flush(final=False)
+        if self._log is not None:
+            self._log.flush()
+
     def summary(self) -> dict[str, Any]:
         """Totals of the current (or last) fit: steps, time, input wait, peak, findings.
 

@@ -1,0 +1,259 @@
+"""memfit.fit(backup_dir=...): SIGTERM, kill -9 mid-write, resume, K kept, bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from helpers import run_isolated
+
+from memfit.backup import BACKUP_FILE, PREEMPTED_EXIT_CODE, read_checkpoint
+
+TESTS = os.path.dirname(os.path.abspath(__file__))
+
+# A child that trains factories.small_cnn for 3 epochs of 6 batches with backup_dir. At update
+# READY_AT it writes BACKUP.ready and waits (up to 5 s, until BACKUP.sent) in a callback, for
+# the test to signal it. With REFERENCE set it then trains a fresh model without backup_dir
+# (the uninterrupted run).
+CHILD = """
+import json, logging, os, sys, time
+sys.path.insert(0, {tests!r})
+logging.basicConfig(level=logging.INFO, format="%(message)s")  # memfit's lines at verbose=0
+import memfit
+import keras, numpy as np
+import factories
+
+backup_dir, out = sys.argv[1], sys.argv[2]
+ready_at = int(os.environ.get("READY_AT", "0"))
+save_freq = os.environ.get("SAVE_FREQ", "epoch")
+save_freq = save_freq if save_freq == "epoch" else int(save_freq)
+rng = np.random.default_rng(0)
+x = rng.uniform(0, 1, (48, 64, 64, 3)).astype("float32")
+y = rng.integers(0, 10, 48)
+
+class Ready(keras.callbacks.Callback):
+    def on_train_batch_end(self, batch, logs=None):
+        if int(self.model.optimizer.iterations) == ready_at:
+            open(backup_dir + ".ready", "w").close()
+            for _ in range(500):
+                if os.path.exists(backup_dir + ".sent"):
+                    break
+                time.sleep(0.01)
+
+def train(**kwargs):
+    model = factories.small_cnn()
+    history = memfit.fit(model, x, y, batch_size=8, epochs=3, shuffle=False, verbose=0, **kwargs)
+    return model, history
+
+watch = memfit.Watch(log_path=backup_dir + ".jsonl", verbose=False)
+model, history = train(backup_dir=backup_dir, save_freq=save_freq, callbacks=[watch, Ready()])
+result = dict(
+    weights=[w.tolist() for w in model.get_weights()],
+    iterations=int(model.optimizer.iterations),
+    losses=history.history["loss"],
+)
+if os.environ.get("REFERENCE"):
+    reference, history = train()
+    result.update(
+        reference=[w.tolist() for w in reference.get_weights()],
+        reference_iterations=int(reference.optimizer.iterations),
+        reference_losses=history.history["loss"],
+    )
+with open(out, "w") as f:
+    json.dump(result, f)
+"""
+
+
+def _child(tmp_path: Path, env: dict[str, str]) -> tuple[list[str], dict[str, str]]:
+    script = tmp_path / "child.py"
+    script.write_text(CHILD.format(tests=TESTS))
+    child_env = {k: v for k, v in os.environ.items() if not k.startswith(("MEMFIT_", "TF_CPU_BFC"))}
+    child_env.update(TF_CPP_MIN_LOG_LEVEL="2", **env)
+    command = [sys.executable, str(script), str(tmp_path / "backup"), str(tmp_path / "out.json")]
+    return command, child_env
+
+
+def _start_and_stop(tmp_path: Path, env: dict[str, str], stop: int) -> tuple[int, str]:
+    """Start the child, wait until it reached READY_AT, send it `stop`; its status, stderr."""
+    command, child_env = _child(tmp_path, env)
+    proc = subprocess.Popen(
+        command, env=child_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    ready = tmp_path / "backup.ready"
+    deadline = time.monotonic() + 120
+    while not ready.exists():
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        assert time.monotonic() < deadline, "the child never got to READY_AT"
+        time.sleep(0.02)
+    proc.send_signal(stop)
+    (tmp_path / "backup.sent").touch()  # after the signal: the child's handler has run
+    _, stderr = proc.communicate(timeout=120)
+    ready.unlink()
+    (tmp_path / "backup.sent").unlink()
+    return proc.returncode, stderr
+
+
+def _resume_with_reference(tmp_path: Path) -> dict[str, Any]:
+    command, env = _child(tmp_path, {"REFERENCE": "1"})
+    proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return {**json.loads((tmp_path / "out.json").read_text()), "stderr": proc.stderr}
+
+
+def _rel(a: list[Any], b: list[Any]) -> float:
+    x = np.concatenate([np.ravel(np.asarray(w, dtype=np.float64)) for w in a])
+    y = np.concatenate([np.ravel(np.asarray(w, dtype=np.float64)) for w in b])
+    return float(np.linalg.norm(x - y) / (np.linalg.norm(y) + 1e-30))
+
+
+@pytest.mark.slow
+def test_kill_9_mid_write_then_sigterm_mid_epoch_then_resume_equals_uninterrupted(
+    tmp_path: Path,
+) -> None:
+    # 1. A checkpoint every 4 updates; the second write (update 8) is killed -9 after its
+    #    temporary file is written, before it replaces the first one.
+    env = {
+        "SAVE_FREQ": "4",
+        "MEMFIT_BACKUP_TEST_PAUSE": str(tmp_path / "backup.ready"),
+        "MEMFIT_BACKUP_TEST_PAUSE_AT": "2",
+    }
+    status, _ = _start_and_stop(tmp_path, env, signal.SIGKILL)
+    assert status == -signal.SIGKILL
+    leftovers = sorted(p.name for p in (tmp_path / "backup").iterdir())
+    assert len(leftovers) == 2 and leftovers[1] == BACKUP_FILE  # the cut one, the old one
+    checkpoint = read_checkpoint(tmp_path / "backup")
+    assert checkpoint is not None
+    assert (checkpoint.reason, checkpoint.updates, checkpoint.epoch, checkpoint.step) == (
+        "updates",
+        4,
+        0,
+        4,
+    )
+
+    # 2. The same fit resumes from update 4; SIGTERM at update 11: epoch 2, after batch 5 of 6.
+    status, stderr = _start_and_stop(tmp_path, {"SAVE_FREQ": "4", "READY_AT": "11"}, signal.SIGTERM)
+    assert "at update 4 (epoch 1, after its batch 4)" in stderr
+    assert status == PREEMPTED_EXIT_CODE == 143
+    # One line (printed, and logged through the `memfit` logger the child configured).
+    assert {s for s in stderr.splitlines() if s.startswith("memfit: preempted")} == {
+        f"memfit: preempted (SIGTERM) after update 11 (epoch 2, batch 5 of 6); checkpoint "
+        f"written to {tmp_path / 'backup' / BACKUP_FILE}; run the same memfit.fit again to "
+        f"resume (exit status 143)"
+    }
+    assert "Traceback" not in stderr
+    assert sorted(p.name for p in (tmp_path / "backup").iterdir()) == [BACKUP_FILE]
+    checkpoint = read_checkpoint(tmp_path / "backup")
+    assert checkpoint is not None
+    assert (checkpoint.reason, checkpoint.epoch, checkpoint.step) == ("preempted", 1, 5)
+    assert checkpoint.updates == 11
+    assert checkpoint.micro_batches == {"8x64x64x3|8": 1}
+    assert len(checkpoint.watch["steps"]) == 7 and checkpoint.watch["log"]
+
+    # 3. Resumed again, to the end: as the uninterrupted run, which the same child trains next.
+    result = _resume_with_reference(tmp_path)
+    assert "at update 11 (epoch 2, after its batch 5)" in result["stderr"]
+    assert result["iterations"] == result["reference_iterations"] == 18
+    assert _rel(result["weights"], result["reference"]) < 1e-5
+    # Two epochs ran in the last fit; the one it resumed logs the whole epoch's loss.
+    assert np.allclose(result["losses"], result["reference_losses"][1:], rtol=1e-5)
+    assert not (tmp_path / "backup").exists()  # a completed run removes its backup
+    # memfit.Watch's log: the runs up to each checkpoint, then the last one, one after another.
+    lines = [json.loads(s) for s in (tmp_path / "backup.jsonl").read_text().splitlines()]
+    headers = [i for i, r in enumerate(lines) if r.get("type") == "header"]
+    runs = [lines[a:b] for a, b in zip(headers, [*headers[1:], len(lines)], strict=True)]
+    assert [sum(r["type"] == "step" for r in run) for run in runs] == [4, 7, 7]  # 18 updates
+
+
+# Two shards, the second at twice the resolution: under 128 MiB it needs K > 1 (test_fit).
+SHARDS = """
+import memfit
+import keras, numpy as np, tensorflow as tf
+keras.utils.set_random_seed(1)
+inputs = keras.Input((None, None, 3))
+h = keras.layers.Conv2D(32, 3, padding="same", activation="relu")(inputs)
+h = keras.layers.Conv2D(32, 3, padding="same", activation="relu")(h)
+h = keras.layers.MaxPooling2D()(h)
+h = keras.layers.Conv2D(64, 3, padding="same", activation="relu")(h)
+h = keras.layers.GlobalAveragePooling2D()(h)
+model = keras.Model(inputs, keras.layers.Dense(4)(h))
+model.compile(optimizer=keras.optimizers.Adam(1e-3), loss="mse")
+rng = np.random.default_rng(0)
+parts = []
+for size in (64, 128):
+    x = rng.uniform(0, 1, (32, size, size, 3)).astype("float32")
+    y = rng.uniform(0, 1, (32, 4)).astype("float32")
+    parts.append(tf.data.Dataset.from_tensor_slices((x, y)).batch(16))
+history = memfit.fit(model, parts[0].concatenate(parts[1]), epochs={epochs}, verbose=0,
+                     backup_dir={backup!r}, keep_backup=True)
+emit(dict(summary=history.memfit.to_dict(), iterations=int(model.optimizer.iterations)))
+"""
+
+
+@pytest.mark.slow
+def test_resume_keeps_k_per_input_shape_without_a_new_recovery(tmp_path: Path) -> None:
+    budget = {"MEMFIT_MEMORY": "128MiB"}
+    backup = str(tmp_path / "backup")
+    first = run_isolated(SHARDS.format(epochs=1, backup=backup), env=budget)
+    big = "16x128x128x3|16x4"
+    assert first["summary"]["recoveries"] and first["summary"]["micro_batches"][big] > 1
+    second = run_isolated(SHARDS.format(epochs=2, backup=backup), env=budget)
+    assert second["iterations"] == 8  # resumed at epoch 2: 4 updates more
+    assert second["summary"]["recoveries"] == []
+    assert second["summary"]["micro_batches"][big] == first["summary"]["micro_batches"][big]
+
+
+def test_bad_backup_input_is_one_clear_error(tmp_path: Path) -> None:
+    result = run_isolated(
+        f"""
+import os, sys
+sys.path.insert(0, {TESTS!r})
+import memfit, keras, numpy as np, tensorflow as tf
+import factories
+from memfit.backup import BACKUP_FILE
+tmp = {str(tmp_path)!r}
+x = np.zeros((16, 64, 64, 3), "float32"); y = np.zeros(16, "int64")
+model = factories.small_cnn()
+errors = {{}}
+def attempt(name, *args, **kwargs):
+    try:
+        memfit.fit(*args, verbose=0, **kwargs)
+        errors[name] = None
+    except memfit.MemfitError as e:
+        errors[name] = str(e)
+open(os.path.join(tmp, "afile"), "w").close()
+attempt("file", model, x, y, batch_size=8, backup_dir=os.path.join(tmp, "afile"))
+attempt("save_freq", model, x, y, batch_size=8, backup_dir=tmp + "/b", save_freq=0)
+attempt("steps", model, x, y, batch_size=8, backup_dir=tmp + "/b", steps_per_epoch=1)
+ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(8)
+attempt("infinite", model, ds.repeat(), backup_dir=tmp + "/b")
+# A checkpoint of small_cnn, then another model on the same backup_dir.
+memfit.fit(model, x, y, batch_size=8, backup_dir=tmp + "/b", keep_backup=True, verbose=0)
+path = os.path.join(tmp, "b", BACKUP_FILE)
+before = open(path, "rb").read()
+other = keras.Sequential([keras.Input((64, 64, 3)), keras.layers.Flatten(), keras.layers.Dense(3)])
+other.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+attempt("other_model", other, x, y % 3, batch_size=8, backup_dir=tmp + "/b")
+errors["untouched"] = open(path, "rb").read() == before
+open(path, "wb").write(b"not a checkpoint")
+attempt("damaged", model, x, y, batch_size=8, backup_dir=tmp + "/b")
+emit(errors)
+"""
+    )
+    assert "is a file, not a directory" in result["file"]
+    assert "save_freq must be 'epoch' or a whole number" in result["save_freq"]
+    assert "leave steps_per_epoch out" in result["steps"]
+    assert "infinite (repeat())" in result["infinite"]
+    assert "is of another model" in result["other_model"]
+    assert result["untouched"] is True
+    assert "cannot be read" in result["damaged"] and "delete it" in result["damaged"]
+    for name, message in result.items():
+        if name != "untouched":
+            assert message and "\n" not in message, (name, message)
