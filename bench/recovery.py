@@ -181,7 +181,7 @@ def bench_planner(
 ) -> dict[str, Any]:
     import memfit
     from memfit.isolate import measure_in_child
-    from memfit.plan import DEFAULT_MARGIN
+    from memfit.planning import DEFAULT_MARGIN
 
     console.rule(f"Planner: {name}, batch {case.batch} under {case.budget}")
     budget = memfit.Budget.from_size(case.budget)

@@ -76,9 +76,8 @@ def test_a_bad_margin_has_one_text(bad):
 
 
 def test_the_default_margin_is_defined_once():
-    # import_module: `memfit.plan` is the function, the module is shadowed by it.
     assert checks.DEFAULT_MARGIN == 0.05
-    for name in ("memfit.plan", "memfit.search"):
+    for name in ("memfit.planning", "memfit.search"):
         assert importlib.import_module(name).DEFAULT_MARGIN is checks.DEFAULT_MARGIN
 
 

@@ -318,7 +318,7 @@ def test_a_plan_for_another_precision_or_remat_is_refused_and_build_scope_obeys_
         MODEL
         + """
 import memfit
-from memfit.plan import Plan
+from memfit.planning import Plan
 def plan(precision, remat=None):
     return Plan(batch_size=8, micro_batches=2, micro_batch_size=4, precision=precision,
                 remat=remat, peak_bytes=None, step_seconds=None,

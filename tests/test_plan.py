@@ -85,11 +85,11 @@ def test_a_choice_that_needs_a_recovery_gives_way_to_more_micro_batches(monkeypa
     # runs out of memory, so only the 20-step confirmation shows that K=1 does not hold.
     monkeypatch.setenv("PYTHONPATH", TESTS)
     from memfit.budget import Budget
-    from memfit.plan import _Planner
+    from memfit.planning.planner import Planner
 
     budget = Budget.from_size("140MiB")
     args = dict.fromkeys(("data", "input_shape", "optimizer", "loss", "classes"))
-    planner = _Planner(
+    planner = Planner(
         64,
         budget,
         int(budget.usable_bytes * 0.95),
@@ -165,10 +165,10 @@ def test_a_failed_choice_gives_way_to_the_next_fastest_not_blindly_to_more_k(mon
     # K=4 float32 (never measured) is expected slower than recompute K=1, so recompute goes
     # next; a finalist slower than the larger K waits behind it.
     from memfit.budget import Budget
-    from memfit.plan import _Planner
+    from memfit.planning.planner import Planner
 
     budget = Budget.from_size("150MiB")
-    planner = _Planner(16, budget, int(budget.usable_bytes * 0.95), {}, 1, None)
+    planner = Planner(16, budget, int(budget.usable_bytes * 0.95), {}, 1, None)
     split = planner.candidate("float32", None, 2)
     recompute = planner.candidate("float32", "memfit", 1)
     slow = planner.candidate("mixed_float16", None, 1)

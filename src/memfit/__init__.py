@@ -51,7 +51,7 @@ from memfit.explain import Explanation
 from memfit.fit import FitSummary, GuardedStep, Recovery, fit
 from memfit.measure import Measurement, measure, measure_many
 from memfit.models import load_model
-from memfit.plan import Candidate, Plan, plan
+from memfit.planning import Candidate, Plan, plan
 from memfit.recompute import Recompute, RecomputeReport, recompute
 from memfit.search import BatchSearchResult, Trial, find_batch_size
 from memfit.sizes import format_size, parse_size

@@ -85,7 +85,7 @@ def plan(
     """
     check_model_spec(model)
     budget = resolve_budget(memory=memory, device=device) or Budget.from_device()
-    from memfit.plan import plan as make_plan
+    from memfit.planning import plan as make_plan
 
     def show(c: Any) -> None:
         err.print(f"  {candidate_line(c)}")

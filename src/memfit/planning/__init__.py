@@ -1,0 +1,214 @@
+"""Planning: the fastest way to train a target effective batch within a budget, checked to hold.
+
+A configuration is a precision policy, a recompute (`keras.RematScope`) mode and K, the number
+of micro-batches `memfit.fit` splits each batch into. The planner predicts each
+configuration's peak with `memfit.estimate` (nothing run) to find, per precision and recompute
+mode, the smallest K predicted to fit the budget with margin; configurations that cannot beat
+one already found (more time per step for no fewer micro-batches) are not estimated. Only the
+finalists are measured in fresh child processes (the very step `memfit.fit` runs), the fastest
+that fits is chosen, and it is confirmed: 20 steps of `memfit.fit` in a fresh process without
+a recovery, else the next candidate is taken.
+
+The package's parts: `candidates` (`Candidate` and `Plan`, plain data), `strategy` (pure
+decisions: the K worth trying, a first guess of K, rough costs and expected times, what is
+near enough the limit to measure), `trials` (the child processes that estimate, measure and
+confirm) and `planner` (the flow that asks the strategy what to run and the trials to run
+it). This module holds the public API: `plan`, which checks its arguments, builds a `Planner`
+and turns its choice into a `Plan`. The module is `memfit.planning`; `memfit.plan` is the
+function.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from memfit.budget import Budget, as_budget, emulated_budget
+from memfit.checks import DEFAULT_MARGIN, check_batch_size, check_margin, check_positive_int
+from memfit.errors import MemfitError
+from memfit.planning.candidates import Candidate, Plan
+from memfit.planning.planner import Planner
+from memfit.planning.strategy import (
+    MAX_CONFIRMATIONS,
+    MAX_FINALISTS,
+    NEAR_LIMIT,
+    PRECISIONS,
+    REMAT_MODES,
+    limit_bytes,
+)
+from memfit.planning.trials import CONFIRM_OOM_GRACE
+from memfit.progress import Progress, shows_progress
+
+__all__ = [
+    "CONFIRM_OOM_GRACE",
+    "DEFAULT_CONFIRM_STEPS",
+    "DEFAULT_MARGIN",
+    "MAX_CONFIRMATIONS",
+    "MAX_FINALISTS",
+    "NEAR_LIMIT",
+    "PRECISIONS",
+    "REMAT_MODES",
+    "Candidate",
+    "Plan",
+    "plan",
+]
+
+DEFAULT_CONFIRM_STEPS = 20
+
+
+@shows_progress(
+    "on_candidate",
+    lambda a: (
+        f"planning batch {a['batch_size']}"
+        + (f" for {a['budget']}" if a["budget"] is not None else "")
+        + ": estimating, measuring, confirming"
+    ),
+    "candidate",
+)
+def plan(
+    model: Any,
+    batch_size: int,
+    budget: Budget | str | int | None = None,
+    *,
+    margin: float = DEFAULT_MARGIN,
+    precisions: Sequence[str] | None = None,
+    remat_modes: Sequence[str | None] | None = None,
+    input_shape: Any = None,
+    data: str | None = None,
+    optimizer: str | None = None,
+    loss: str | None = None,
+    repeats: int = 1,
+    on_candidate: Callable[[Candidate], None] | None = None,
+    classes: int | None = None,
+    safe_mode: bool = True,
+    confirm: bool = True,
+    confirm_steps: int = DEFAULT_CONFIRM_STEPS,
+    progress: Progress = None,
+) -> Plan:
+    """Plan K (micro-batches), precision and recompute for a target effective batch.
+
+    First `memfit.estimate` predicts, in one child process, the peak of the step `memfit.fit`
+    runs for each precision and recompute mode, and finds the smallest K predicted to fit the
+    budget less the margin. Configurations go from the cheapest per step (float32 without
+    recompute on a CPU; mixed precision on a GPU) to the dearest, and one is estimated only
+    while it could still need fewer micro-batches than those found. The finalists — when
+    several could be the fastest, or a smaller K is predicted near the limit — are measured
+    in fresh child processes under the budget, and the fastest that fits is chosen. With
+    `confirm` (the default) the choice then trains `confirm_steps` steps of `memfit.fit` in a
+    fresh process; if it needs a recovery or peaks over the limit, the next fastest is
+    confirmed in turn: the other measured finalists, and the same configuration with more
+    micro-batches, its time scaled from the failed one's. A model the estimate cannot trace
+    is planned from measurements alone.
+
+    Precision and recompute change how the model is built, so they are planned only for a
+    MODEL string that builds it — a factory (`package.module:factory`) or a built-in
+    (`keras.applications.ResNet50`); for a model object or a `.keras` file only K is
+    planned, and `note` says what a factory would add.
+
+    Args:
+        model: a MODEL string, or a compiled Keras model (saved for the child; K only).
+        batch_size: the target effective batch.
+        budget: the budget (`Budget`, size, or card name); default the emulated one.
+        margin: share of the budget kept free (default 0.05).
+        precisions: dtype policies to consider (default float32, mixed_float16,
+            mixed_bfloat16 when the model can be rebuilt; float32 otherwise).
+        remat_modes: `keras.RematScope` modes to consider, None meaning no recompute
+            (default None, "larger_than", "activations" when the model can be rebuilt).
+        input_shape: one sample's shape, for models with undefined inputs.
+        data: `package.module:dataset_fn` of unbatched samples (detectors, dict targets).
+        optimizer, loss: by name, to compile with (default: the model's own).
+        repeats: measured steps per measured candidate after the warm-up.
+        on_candidate: called with a `Candidate` each time it is estimated, measured or
+            confirmed (progress displays).
+        classes: classes of a built-in model (`keras.applications.Name`).
+        safe_mode: False loads a trusted `.keras` file that runs Python code (Lambda layers).
+        confirm: train the chosen configuration `confirm_steps` steps of `memfit.fit` in a
+            fresh process before answering (default True).
+        confirm_steps: steps of the confirmation run (default 20).
+        progress: a spinner and one line per candidate on stderr, as the CLI shows them;
+            default on when stderr is a terminal and no `on_candidate` is given; False turns
+            it off, a callable receives each `Candidate` instead (`memfit.progress`).
+
+    Returns:
+        A `Plan`; build the model in `plan.build_scope()` and pass the plan to
+        `memfit.fit(..., micro_batches=plan)`.
+
+    Example:
+        ```python
+        p = memfit.plan("keras.applications.ResNet50", 256, "T4", input_shape=(224, 224, 3))
+        print(p.summary())
+        ```
+    """
+    from memfit.isolate import check_child_arguments, save_for_child
+    from memfit.workload import shape_list
+
+    batch_size = check_batch_size(batch_size)
+    confirm_steps = check_positive_int(confirm_steps, "confirm_steps")
+    check_margin(margin)
+    resolved = as_budget(budget) or emulated_budget()
+    if resolved is None:
+        raise MemfitError(
+            "no budget to plan for: pass budget= (a size or card), or emulate one with "
+            "memfit.emulate() / --memory / --device"
+        )
+    check_child_arguments(optimizer, loss, data)
+    rebuildable = isinstance(model, str) and not model.endswith((".keras", ".h5"))
+    note = ""
+    if not rebuildable:
+        if precisions not in (None, ("float32",), ["float32"]) or remat_modes not in (
+            None,
+            (None,),
+            [None],
+        ):
+            raise MemfitError(
+                "precision and recompute need the model rebuilt: give a factory "
+                "(package.module:factory) or a built-in name instead of a model object or file"
+            )
+        note = (
+            "Only K was planned: a model factory (package.module:factory) would let the planner "
+            "also try mixed precision and recompute"
+        )
+    precisions = list(precisions or (PRECISIONS if rebuildable else ("float32",)))
+    remat_modes = list(remat_modes or (REMAT_MODES if rebuildable else (None,)))
+    configs = [(p, r) for p in precisions for r in remat_modes]
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="memfit-plan-") as tmp:
+        spec = model if isinstance(model, str) else save_for_child(model, tmp)
+        planner = Planner(
+            batch_size,
+            resolved,
+            limit_bytes(resolved.usable_bytes, margin),
+            child_args={
+                "spec": spec,
+                "data": data,
+                "input_shape": [list(s) for s in shape_list(input_shape)] if input_shape else None,
+                "optimizer": optimizer,
+                "loss": loss,
+                "classes": classes,
+                "safe_mode": bool(safe_mode),
+            },
+            repeats=repeats,
+            on_candidate=on_candidate,
+        )
+        chosen, how = planner.run(configs, confirm_steps if confirm else 0)
+    notes = [n for n in (note, planner.skipped_note()) if n]
+    result = Plan(
+        batch_size=batch_size,
+        micro_batches=chosen.micro_batches if chosen else batch_size,
+        micro_batch_size=chosen.micro_batch_size if chosen else 1,
+        precision=chosen.precision if chosen else precisions[0],
+        remat=chosen.remat if chosen else None,
+        peak_bytes=chosen.peak_bytes if chosen else None,
+        step_seconds=chosen.step_seconds if chosen else None,
+        budget=resolved,
+        margin=float(margin),
+        candidates=planner.candidates,
+        fits=chosen is not None,
+        note=". ".join(notes),
+        seconds=time.perf_counter() - started,
+        confirmed=True if chosen is not None and confirm else False if how else None,
+        confirmation=how,
+    )
+    return result

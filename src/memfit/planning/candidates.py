@@ -1,0 +1,193 @@
+"""What the planner looks at and answers: `Candidate` (one configuration and K) and `Plan`.
+
+A `Candidate` is filled in as the planner estimates, measures and confirms it; a `Plan` is
+the configuration `memfit.fit` should train with, the candidates it was chosen from, and how
+it was confirmed. Both are plain data with `to_dict` for `--json`; `Plan.build_scope` builds
+a model as planned.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from memfit.budget import Budget
+from memfit.planning.strategy import limit_bytes
+from memfit.sizes import format_size
+
+
+@dataclass
+class Candidate:
+    """One configuration the planner looked at: estimated, measured, confirmed.
+
+    Attributes:
+        precision: Keras dtype policy.
+        remat: `keras.RematScope` mode, or None for no recompute.
+        micro_batches: K.
+        micro_batch_size: samples per micro-batch (the last may hold fewer).
+        peak_bytes: measured peak of the whole step (None when not measured or it failed).
+        step_seconds: measured time per effective batch (None when not measured or no fit).
+        fits: within the budget less the margin: measured when `measured`, else predicted.
+        oom: the step ran out of memory.
+        error: why the configuration could not be estimated or measured, if it could not.
+        predicted_peak_bytes: the estimate's peak (`memfit.estimate`), when estimated.
+        measured: the step ran in a child process (else the candidate was only estimated).
+        confirmed: None when no confirmation ran; True when `memfit.fit` trained the
+            confirmation's steps in a fresh process without a recovery within the limit,
+            False when it did not (`recoveries` says why).
+        recoveries: what went wrong in the confirmation run.
+    """
+
+    precision: str
+    remat: str | None
+    micro_batches: int
+    micro_batch_size: int
+    peak_bytes: int | None = None
+    step_seconds: float | None = None
+    fits: bool = False
+    oom: bool = False
+    error: str | None = None
+    predicted_peak_bytes: int | None = None
+    measured: bool = False
+    confirmed: bool | None = None
+    recoveries: list[str] = field(default_factory=list)
+
+    @property
+    def estimated_only(self) -> bool:
+        """Whether the candidate was only estimated, never run."""
+        return not self.measured and self.predicted_peak_bytes is not None
+
+    @property
+    def config(self) -> tuple[str, str | None]:
+        """Its precision and recompute mode."""
+        return self.precision, self.remat
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict (sizes in bytes, times in seconds)."""
+        return {**asdict(self), "estimated_only": self.estimated_only}
+
+
+@dataclass
+class Plan:
+    """The configuration `memfit.fit` should train with, and what it was chosen from.
+
+    Attributes:
+        batch_size: the effective batch (samples per optimizer update).
+        micro_batches: K, micro-batches per step (`accumulation_steps`).
+        micro_batch_size: samples per micro-batch.
+        precision: dtype policy to build the model under.
+        remat: `keras.RematScope` mode to build the model under, or None.
+        peak_bytes: measured peak of the chosen step.
+        step_seconds: measured time per effective batch of the chosen step.
+        budget: the budget planned for; `margin`: the share of it kept free.
+        candidates: every configuration estimated or measured, in order.
+        fits: whether any configuration fits (and, when confirmed, held).
+        note: what was not considered and why (e.g. precision needs a factory).
+        seconds: how long planning took.
+        confirmed: True when the chosen configuration trained `confirm_steps` steps of
+            `memfit.fit` in a fresh process without a recovery; None when not confirmed.
+        confirmation: how the plan was confirmed, for people.
+    """
+
+    batch_size: int
+    micro_batches: int
+    micro_batch_size: int
+    precision: str
+    remat: str | None
+    peak_bytes: int | None
+    step_seconds: float | None
+    budget: Budget
+    margin: float
+    candidates: list[Candidate] = field(default_factory=list)
+    fits: bool = True
+    note: str = ""
+    seconds: float = 0.0
+    confirmed: bool | None = None
+    confirmation: str = ""
+
+    @contextlib.contextmanager
+    def build_scope(self) -> Iterator[None]:
+        """Build the model inside this block to build it as planned: precision and recompute.
+
+        Sets the Keras dtype policy to `precision` (restored afterwards) and enters a
+        `keras.RematScope` of the `remat` mode, so that `memfit.fit(model, ...,
+        micro_batches=plan)` accepts the model built here.
+
+        Example:
+            ```python
+            plan = memfit.plan("mypkg.models:build", 256, "T4")
+            with plan.build_scope():
+                model = mypkg.models.build()
+            memfit.fit(model, x, y, batch_size=256, micro_batches=plan)
+            ```
+        """
+        from memfit.backend import tf as tfb
+
+        keras = tfb.import_keras()
+        previous = keras.mixed_precision.dtype_policy()
+        keras.mixed_precision.set_dtype_policy(self.precision)
+        try:
+            from memfit.recompute import remat_scope
+
+            with remat_scope(self.remat):
+                yield
+        finally:
+            keras.mixed_precision.set_dtype_policy(previous)
+
+    @property
+    def accumulation_steps(self) -> int:
+        """Gradient-accumulation steps per update: the same number as `micro_batches`."""
+        return self.micro_batches
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict (sizes in bytes, times in seconds)."""
+        return {
+            "batch_size": self.batch_size,
+            "micro_batch_size": self.micro_batch_size,
+            "accumulation_steps": self.accumulation_steps,
+            "micro_batches": self.micro_batches,
+            "precision": self.precision,
+            "remat": self.remat,
+            "peak_bytes": self.peak_bytes,
+            "step_seconds": self.step_seconds,
+            "fits": self.fits,
+            "budget": self.budget.to_dict(),
+            "margin": self.margin,
+            "limit_bytes": limit_bytes(self.budget.usable_bytes, self.margin),
+            "candidates": [c.to_dict() for c in self.candidates],
+            "confirmed": self.confirmed,
+            "confirmation": self.confirmation,
+            "note": self.note,
+            "plan_seconds": self.seconds,
+        }
+
+    def summary(self) -> str:
+        """One or two sentences for people."""
+        if not self.fits and self.confirmed is False and self.confirmation:
+            return f"batch {self.batch_size}: {self.confirmation}. " + (
+                self.note or "use a card with more memory or smaller inputs"
+            )
+        if not self.fits:
+            return (
+                f"no configuration fits batch {self.batch_size} in "
+                f"{format_size(self.budget.usable_bytes)} ({self.budget.name}), even one "
+                f"sample per micro-batch; "
+                + (self.note or "use a card with more memory or smaller inputs")
+            )
+        split = (
+            f"{self.micro_batches} micro-batches of {self.micro_batch_size}"
+            if self.micro_batches > 1
+            else "no split"
+        )
+        text = (
+            f"batch {self.batch_size}: {split}, {self.precision}"
+            + (f", remat {self.remat}" if self.remat else "")
+            + f" — peak {format_size(self.peak_bytes)} of "
+            f"{format_size(self.budget.usable_bytes)}, {self.step_seconds:.3f} s per batch"
+        )
+        text += (
+            f". {self.confirmation[:1].upper()}{self.confirmation[1:]}" if self.confirmation else ""
+        )
+        return text + (f". {self.note}" if self.note else "")
