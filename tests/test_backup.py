@@ -235,7 +235,11 @@ attempt("steps", model, x, y, batch_size=8, backup_dir=tmp + "/b", steps_per_epo
 ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(8)
 attempt("infinite", model, ds.repeat(), backup_dir=tmp + "/b")
 # A checkpoint of small_cnn, then another model on the same backup_dir.
+import signal
+from memfit.backup import read_checkpoint
 memfit.fit(model, x, y, batch_size=8, backup_dir=tmp + "/b", keep_backup=True, verbose=0)
+errors["handler_after"] = signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+errors["kept"] = read_checkpoint(tmp + "/b").reason
 path = os.path.join(tmp, "b", BACKUP_FILE)
 before = open(path, "rb").read()
 other = keras.Sequential([keras.Input((64, 64, 3)), keras.layers.Flatten(), keras.layers.Dense(3)])
@@ -253,7 +257,8 @@ emit(errors)
     assert "infinite (repeat())" in result["infinite"]
     assert "is of another model" in result["other_model"]
     assert result["untouched"] is True
+    assert result["handler_after"] is True and result["kept"] == "end"
     assert "cannot be read" in result["damaged"] and "delete it" in result["damaged"]
     for name, message in result.items():
-        if name != "untouched":
+        if name not in ("untouched", "handler_after", "kept"):
             assert message and "\n" not in message, (name, message)

@@ -266,6 +266,7 @@ class Backup:
         self._restored = False
         self._since_save = 0
         self._signalled: int | None = None
+        self._stopped = False  # exited for the signal
 
     # -- before fit ---------------------------------------------------------------------------
     def prepare(
@@ -387,7 +388,9 @@ class Backup:
     def handling_signals(self) -> Iterator[None]:
         """Catch SIGTERM while the block runs (only note it), then put the old handler back.
 
-        Off the main thread (where Python cannot install handlers) nothing is installed: the
+        A SIGTERM noted too late to stop at (after the last update's check) is sent again
+        once the old handler is back, so the process still ends as it was asked to. Off the
+        main thread (where Python cannot install handlers) nothing is installed: the
         periodic checkpoints still are written.
         """
         if threading.current_thread() is not threading.main_thread():
@@ -406,6 +409,8 @@ class Backup:
                 yield
         finally:
             signal.signal(signal.SIGTERM, previous)
+            if self._signalled is not None and not self._stopped:
+                signal.raise_signal(signal.SIGTERM)
 
     def callback(self) -> Any:
         """A Keras callback that counts batches, saves, and stops on SIGTERM."""
@@ -481,6 +486,7 @@ class Backup:
         )
         logger.info(text)
         print(text, file=sys.stderr, flush=True)
+        self._stopped = True
         raise SystemExit(PREEMPTED_EXIT_CODE)
 
     # -- the checkpoint -----------------------------------------------------------------------
@@ -549,7 +555,8 @@ def _check_resumable_data(x: Any, steps_per_epoch: int | None) -> None:
             "(take() the dataset to the epoch's length instead)"
         )
     if _is_dataset(x):
-        cardinality = int(x.cardinality())
+        cardinality = x.cardinality  # a method; a number on a DistributedDataset
+        cardinality = int(cardinality() if callable(cardinality) else cardinality)
         if cardinality < 0:
             kind = "infinite (repeat())" if cardinality == -1 else "unknown (filter, generator)"
             raise BackupError(
