@@ -50,6 +50,7 @@ class Ready(keras.callbacks.Callback):
 
 def train(**kwargs):
     model = factories.small_cnn()
+    model.compile(optimizer="adam", loss="sparse_categorical_crossentropy", metrics=["accuracy"])
     history = memfit.fit(model, x, y, batch_size=8, epochs=3, shuffle=False, verbose=0, **kwargs)
     return model, history
 
@@ -59,6 +60,7 @@ result = dict(
     weights=[w.tolist() for w in model.get_weights()],
     iterations=int(model.optimizer.iterations),
     losses=history.history["loss"],
+    accuracy=history.history["accuracy"],
 )
 if os.environ.get("REFERENCE"):
     reference, history = train()
@@ -66,6 +68,7 @@ if os.environ.get("REFERENCE"):
         reference=[w.tolist() for w in reference.get_weights()],
         reference_iterations=int(reference.optimizer.iterations),
         reference_losses=history.history["loss"],
+        reference_accuracy=history.history["accuracy"],
     )
 with open(out, "w") as f:
     json.dump(result, f)
@@ -162,8 +165,10 @@ def test_kill_9_mid_write_then_sigterm_mid_epoch_then_resume_equals_uninterrupte
     assert "at update 11 (epoch 2, after its batch 5)" in result["stderr"]
     assert result["iterations"] == result["reference_iterations"] == 18
     assert _rel(result["weights"], result["reference"]) < 1e-5
-    # Two epochs ran in the last fit; the one it resumed logs the whole epoch's loss.
+    # Two epochs ran in the last fit; the one it resumed logs the whole epoch's metrics.
     assert np.allclose(result["losses"], result["reference_losses"][1:], rtol=1e-5)
+    assert np.allclose(result["accuracy"], result["reference_accuracy"][1:], rtol=1e-5)
+    assert "ran out of data" not in result["stderr"]  # the resumed epoch ends quietly
     assert not (tmp_path / "backup").exists()  # a completed run removes its backup
     # memfit.Watch's log: the runs up to each checkpoint, then the last one, one after another.
     lines = [json.loads(s) for s in (tmp_path / "backup.jsonl").read_text().splitlines()]

@@ -27,10 +27,12 @@ log file written so far).
   unless `keep_backup=True`.
 
 Skipping reproduces the uninterrupted run only when each epoch yields its batches in the
-same order in every process: arrays with `shuffle=False`, or a `tf.data.Dataset` that is not
-shuffled or shuffled with a fixed seed and `reshuffle_each_iteration=False`. Arrays with
-`shuffle=True` (Keras' default) are shuffled anew by the new process: the resumed epoch
-still trains the right number of updates, but over a new permutation (memfit warns).
+same order in every process: arrays with `shuffle=False`, or with `shuffle=True` after
+`keras.utils.set_random_seed(...)` (Keras 3.15 then draws the same order in every process);
+a `tf.data.Dataset` that is not shuffled, or shuffled with a fixed seed and
+`reshuffle_each_iteration=False`. Arrays shuffled without a seed are shuffled anew by the new
+process: the resumed epoch still trains the right number of updates, but over a new
+permutation (memfit warns).
 """
 
 from __future__ import annotations
@@ -267,6 +269,7 @@ class Backup:
         self._since_save = 0
         self._signalled: int | None = None
         self._stopped = False  # exited for the signal
+        self._metrics_pending = False  # the resumed epoch's metrics wait for the first step
 
     # -- before fit ---------------------------------------------------------------------------
     def prepare(
@@ -301,12 +304,14 @@ class Backup:
             self._restore()  # before anything runs: a wrong checkpoint stops here, untouched
         self._skip = checkpoint.step
         self.epoch = checkpoint.epoch
-        if checkpoint.step and shuffle and not _is_dataset(x):
+        seeded = tfb.import_tf().compat.v1.get_seed(None)[0] is not None
+        if checkpoint.step and shuffle and not _is_dataset(x) and not seeded:
             warnings.warn(
                 f"resuming epoch {checkpoint.epoch + 1} after its batch {checkpoint.step} "
-                f"with shuffle=True: this process shuffles the arrays anew, so the rest of the "
-                f"epoch is a new permutation (some samples twice, some not); pass "
-                f"shuffle=False for a resume that repeats the uninterrupted run",
+                f"with shuffle=True and no random seed: this process shuffles the arrays anew, "
+                f"so the rest of the epoch is a new permutation (some samples twice, some "
+                f"not); call keras.utils.set_random_seed(...) before fit, or pass "
+                f"shuffle=False, for a resume that repeats the uninterrupted run",
                 MemfitWarning,
                 stacklevel=3,
             )
@@ -376,6 +381,9 @@ class Backup:
         """
 
         def skipping(iterator: Iterator[Any]) -> Any:
+            if self._metrics_pending:
+                self._restore_metrics(iterator)
+                self._metrics_pending = False
             while self._skip:
                 next(iterator)  # an epoch that ends here ends as Keras ends it (StopIteration)
                 self._skip -= 1
@@ -443,12 +451,30 @@ class Backup:
         self.batch = 0
         if resumed is not None and epoch == resumed.epoch and self._skip:
             self.batch = self._skip
-            # The epoch's running means as they were (Keras has just reset them).
+            self._metrics_pending = not self._restore_metrics(None)
+
+    def _restore_metrics(self, iterator: Any) -> bool:
+        """Put back the resumed epoch's running metrics (Keras has just reset them).
+
+        Keras builds compiled metrics when the first step is traced (under no strategy): then
+        they are built here first, as Keras does under a strategy, from the data's spec.
+        """
+        saved = self.resumed.metrics if self.resumed is not None else []
+        metrics = list(self.model.metrics_variables)
+        spec = getattr(iterator, "element_spec", None)
+        build = getattr(self.model, "_symbolic_build", None)
+        if len(metrics) != len(saved) and spec is not None and build is not None:
+            try:
+                build(data_batch=spec)
+            except Exception as exc:  # the metrics of one epoch's log are not worth a stop
+                logger.debug("memfit: the metrics could not be built to restore: %s", exc)
             metrics = list(self.model.metrics_variables)
-            if len(metrics) == len(resumed.metrics):
-                for v, value in zip(metrics, resumed.metrics, strict=True):
-                    if tuple(v.shape) == value.shape:
-                        tfb.assign_exact(v, value)
+        if len(metrics) != len(saved):
+            return False
+        for v, value in zip(metrics, saved, strict=True):
+            if tuple(v.shape) == value.shape:
+                tfb.assign_exact(v, value)
+        return True
 
     def _batch_end(self, steps: int | None) -> None:
         self.batch += 1
