@@ -239,9 +239,11 @@ class Backup:
 
     Example:
         ```python
-        backup = Backup("/tmp/backup")
-        initial_epoch = backup.prepare(model, step, x=x, shuffle=False)
-        model.fit(..., initial_epoch=initial_epoch, callbacks=[backup.callback()])
+        backup = Backup("/tmp/backup")               # what memfit.fit does with backup_dir
+        initial_epoch = backup.prepare(model, step, x=x, shuffle=False)   # step: GuardedStep
+        with backup.handling_signals():
+            model.fit(x, y, shuffle=False, initial_epoch=initial_epoch,
+                      callbacks=[backup.callback()])
         ```
     """
 
