@@ -230,9 +230,40 @@ def _run(
         request[handle] = round_up(graph.variables[name][0])
         refs[handle] = 1
         owner[handle] = -1
+    # The live set at the peak is read once the step ends (a step's peak rises op after op,
+    # and reading ~1,000 live buffers at each rise was most of the replay's time): a new
+    # peak records its `clock`; a buffer was live then if it was allocated before and freed
+    # after. A buffer live then whose owner changes, or whose address is allocated again,
+    # is kept as it was in `before_change` first.
+    clock = [0]
+    born: dict[int, int] = {}
+    died: dict[int, int] = {}
+    before_change: dict[int, tuple[int, str, int, int, int | None]] = {}
+    peak_at: list[Any] = [None]  # (clock, op index, extra) of the peak so far
+
+    def live_at_peak(buffer: int) -> bool:
+        return live_at_peak_of(buffer, peak_at[0][0])
+
+    def live_at_peak_of(buffer: int, at: int) -> bool:
+        return born.get(buffer, 0) <= at < died.get(buffer, at + 1)
+
+    def keep(buffer: int) -> None:
+        if peak_at[0] is not None and buffer not in before_change and live_at_peak(buffer):
+            before_change[buffer] = (
+                owner[buffer],
+                category.get(buffer, ""),
+                size[buffer],
+                request[buffer],
+                made_by.get(buffer),
+            )
 
     def allocate(nbytes: int, op_index: int) -> int:
         buffer = bfc.allocate(nbytes)
+        if buffer in died:
+            keep(buffer)
+        clock[0] += 1
+        born[buffer] = clock[0]
+        died.pop(buffer, None)
         size[buffer] = bfc.size_of(buffer)
         request[buffer] = round_up(nbytes)
         refs[buffer] = 1
@@ -255,19 +286,36 @@ def _run(
         refs[buffer] -= 1
         if refs[buffer] == 0:
             count_forward(buffer, -1)
+            clock[0] += 1
+            died[buffer] = clock[0]
             bfc.free(buffer)
 
     def snapshot(op_index: int, extra: list[tuple[int, int, str, int]]) -> None:
+        peak_at[0] = (clock[0], op_index, extra)
+        before_change.clear()
+
+    def read_back() -> None:
+        at, op_index, extra = peak_at[0]
+        peak_at[0] = None
         live = []
-        for buffer, count in refs.items():
-            if count > 0 and size[buffer] and owner[buffer] >= 0:
-                o = owner[buffer]
-                cat = category[buffer]
-                layer = layers[made_by.get(buffer, o)]
-                live.append(Live(request[buffer], cat, layer, ops[o].name))
-                if size[buffer] > request[buffer]:
-                    waste = size[buffer] - request[buffer]
-                    live.append(Live(waste, "fragmentation", layer, ops[o].name))
+        for buffer in refs:
+            record = before_change.get(buffer)
+            if record is None:
+                if not live_at_peak_of(buffer, at):
+                    continue
+                record = (
+                    owner[buffer],
+                    category.get(buffer, ""),
+                    size[buffer],
+                    request[buffer],
+                    made_by.get(buffer),
+                )
+            o, cat, chunk, wanted, maker = record
+            if chunk and o >= 0:
+                layer = layers[o if maker is None else maker]
+                live.append(Live(wanted, cat, layer, ops[o].name))
+                if chunk > wanted:
+                    live.append(Live(chunk - wanted, "fragmentation", layer, ops[o].name))
         for nbytes, chunk, cat, o in extra:
             live.append(Live(nbytes, cat, layers[o], ops[o].name))
             if chunk > nbytes:
@@ -296,6 +344,7 @@ def _run(
                 and request[candidate] == request[old]
             ):
                 refs[candidate] += 1
+                keep(candidate)
                 owner[candidate] = op_index
                 held[op.variable] = candidate
                 release_buffer(old)
@@ -309,6 +358,8 @@ def _run(
         refs[buffer] -= 1
         if refs[buffer] == 0:
             count_forward(buffer, -1)
+            clock[0] += 1
+            died[buffer] = clock[0]
             bfc.free(buffer)
 
     def _finish(op_index: int) -> None:
@@ -380,6 +431,7 @@ def _run(
                     ):
                         buffer = candidate
                         refs[buffer] += 1
+                        keep(buffer)
                         owner[buffer] = i
                         count_forward(buffer, -1)
                         category[buffer] = phases[i]
@@ -416,7 +468,11 @@ def _run(
     for buffer, count in list(refs.items()):
         if count > 0 and buffer not in kept:
             refs[buffer] = 0
+            clock[0] += 1
+            died[buffer] = clock[0]
             bfc.free(buffer)
+    if peak_at[0] is not None:
+        read_back()
     # Label what was live at the peak.
     for item in result.live:
         if item.category == "backward" and _feeds(item.op, ops, index, feeds_update):
