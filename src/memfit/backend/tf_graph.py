@@ -4,7 +4,8 @@
 sizes, which input buffer an output aliases or may take over, the scratch memory its kernel
 allocates while it runs); `StepGraph` is the whole step and what the caller holds. The passes
 (`drop_identity_n`, `prune_dead`) remove what TensorFlow removes before the step runs;
-`op_dependencies` and `is_acyclic` read the graph's edges.
+`op_dependencies` and `is_acyclic` read the graph's edges. `at_batch_size` makes the step at
+another batch size from two traces of it (trace once, replay many).
 
 The graph is made by `memfit.backend.tf_trace.trace_step`, its wiring corrected by
 `memfit.backend.tf_grappler`, and replayed by `memfit.estimate.simulate`.
@@ -12,8 +13,14 @@ The graph is made by `memfit.backend.tf_trace.trace_step`, its wiring corrected 
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Any
+
+# A tensor's shape as the allocator sizes it: its dimensions (unknown ones as 1) and the bytes
+# of one element (0: nothing is allocated for it, whatever its shape).
+Shape = tuple[tuple[int, ...], int]
 
 
 @dataclass
@@ -31,6 +38,8 @@ class OpInfo:
         forwards: whether its kernel may take over an input buffer for output 0.
         scratch_bytes: temporary bytes its kernel allocates while it runs.
         variable: for a variable read or write, the variable's name.
+        output_shapes: each output's `Shape` (dimensions, bytes of an element), from which
+            `output_bytes` was computed; empty when unknown.
     """
 
     name: str
@@ -43,6 +52,7 @@ class OpInfo:
     forwards: bool = False
     scratch_bytes: int = 0
     variable: str | None = None
+    output_shapes: list[Shape] = field(default_factory=list)
 
 
 @dataclass
@@ -71,6 +81,8 @@ class StepGraph:
         node_rank: op name -> its position in the graph grappler makes of the step (the graph
             TensorFlow runs); the executor meets an op's consumers in this order. Empty when
             grappler could not be run.
+        batch_size: samples in the traced batch (0: unknown).
+        argument_shapes: each argument's `Shape` (empty when unknown).
     """
 
     ops: list[OpInfo]
@@ -85,6 +97,8 @@ class StepGraph:
     node_rank: dict[str, int] = field(default_factory=dict)
     variable_temps: dict[str, int] = field(default_factory=dict)
     layer_tree: Any = None
+    batch_size: int = 0
+    argument_shapes: list[Shape] = field(default_factory=list)
 
 
 def drop_identity_n(ops: list[OpInfo], fetches: list[str]) -> list[OpInfo]:
@@ -199,3 +213,141 @@ def is_acyclic(ops: list[OpInfo]) -> bool:
             if pending[j] == 0:
                 ready.append(j)
     return seen == len(ops)
+
+
+def shape_bytes(shape: Shape) -> int:
+    """Bytes of a tensor of `shape` (0 for a tensor nothing is allocated for)."""
+    dims, itemsize = shape
+    return int(math.prod(dims)) * itemsize if itemsize else 0
+
+
+def at_batch_size(first: StepGraph, second: StepGraph, batch_size: int) -> StepGraph | None:
+    """The step at `batch_size`, made from traces of the same step at two other batch sizes.
+
+    A traced step differs from one batch size to the next only in its tensors' shapes (same
+    ops, wiring, grappler order and variables), and each dimension of a tensor is then a
+    linear function of the batch size (the batch itself, `batch * height * width` once
+    flattened, or a constant): the two traces give that function for every dimension, and
+    the shapes at `batch_size` follow exactly, with no trace. Returns None where that does
+    not hold and the step must be traced: the traces differ in anything but shapes, a
+    dimension would not come out a whole number, a kernel's scratch differs between them,
+    a batch size is 1 (kernels choose other algorithms for one sample), or `batch_size`
+    equals a dimension that does not change with the batch (code that compares shapes can
+    build other ops then: a softmax cross-entropy over 5 classes skips a reshape at batch 5).
+
+    Args:
+        first: the step traced at one batch size (`StepGraph.batch_size`).
+        second: the same step traced at another.
+        batch_size: the batch size wanted.
+
+    Returns:
+        A `StepGraph` at `batch_size` sharing the traces' ops' wiring, or None.
+
+    Example:
+        ```python
+        graph = at_batch_size(trace_step(workload, 8), trace_step(workload, 16), 12)
+        ```
+    """
+    b1, b2 = first.batch_size, second.batch_size
+    if min(b1, b2, batch_size) < 2 or b1 == b2 or not _same_step(first, second):
+        return None
+
+    def scaled(one: Shape, other: Shape) -> Shape | None:
+        (dims1, item1), (dims2, item2) = one, other
+        if item1 != item2 or len(dims1) != len(dims2):
+            return None
+        dims = []
+        for d1, d2 in zip(dims1, dims2, strict=True):
+            change, rest = divmod((d2 - d1) * (batch_size - b1), b2 - b1)
+            if rest or d1 + change < 0:
+                return None
+            dims.append(d1 + change)
+        return tuple(dims), item1
+
+    fixed = {
+        d1
+        for op1, op2 in zip(first.ops, second.ops, strict=True)
+        for (dims1, _), (dims2, _) in zip(op1.output_shapes, op2.output_shapes, strict=True)
+        for d1, d2 in zip(dims1, dims2, strict=False)
+        if d1 == d2
+    }
+    if batch_size in fixed:
+        return None
+    ops = []
+    for op1, op2 in zip(first.ops, second.ops, strict=True):
+        if op1.scratch_bytes != op2.scratch_bytes:
+            return None
+        shapes = [scaled(a, b) for a, b in zip(op1.output_shapes, op2.output_shapes, strict=True)]
+        if any(shape is None for shape in shapes):
+            return None
+        sizes = [shape_bytes(shape) for shape in shapes]  # type: ignore[arg-type]
+        ops.append(dataclasses.replace(op1, output_bytes=sizes, output_shapes=shapes))
+    pairs = zip(first.argument_shapes, second.argument_shapes, strict=True)
+    arguments = [scaled(a, b) for a, b in pairs]
+    if any(shape is None for shape in arguments):
+        return None
+    return dataclasses.replace(
+        first,
+        ops=ops,
+        argument_bytes=[shape_bytes(shape) for shape in arguments],  # type: ignore[arg-type]
+        argument_shapes=arguments,
+        batch_size=batch_size,
+    )
+
+
+def _same_step(first: StepGraph, second: StepGraph) -> bool:
+    """Whether two traces are the same step but for their tensors' shapes.
+
+    Names may differ in their outermost scope alone: a name scope used before in the first
+    trace (the optimizer's `sgd` taken while its variables were made) is `sgd_1` there and
+    `sgd` in the next; such scopes must map one to one throughout.
+    """
+    if len(first.ops) != len(second.ops) or len(first.argument_shapes) != len(first.arguments):
+        return False
+    if len(first.argument_shapes) != len(second.argument_shapes):
+        return False
+    for graph in (first, second):
+        if [shape_bytes(s) for s in graph.argument_shapes] != graph.argument_bytes:
+            return False
+    scopes: dict[str, str] = {}
+    for a, b in zip(first.ops, second.ops, strict=True):
+        head_a, _, rest_a = a.name.partition("/")
+        head_b, _, rest_b = b.name.partition("/")
+        if rest_a != rest_b or scopes.setdefault(head_b, head_a) != head_a:
+            return False
+    if len(set(scopes.values())) != len(scopes):
+        return False
+
+    def renamed(name: str) -> str:
+        head, sep, rest = name.partition("/")
+        return scopes.get(head, head) + sep + rest
+
+    def names(items: list[str]) -> list[str]:
+        return [renamed(name) for name in items]
+
+    for a, b in zip(first.ops, second.ops, strict=True):
+        if (
+            a.type != b.type
+            or a.inputs != names(b.inputs)
+            or a.outputs != names(b.outputs)
+            or set(a.control_inputs) != set(names(b.control_inputs))  # their order is not kept
+            or a.alias != b.alias
+            or a.forwards != b.forwards
+            or a.variable != b.variable
+            or len(a.output_shapes) != len(a.outputs)
+            or len(b.output_shapes) != len(b.outputs)
+            or [shape_bytes(s) for s in a.output_shapes] != a.output_bytes
+            or [shape_bytes(s) for s in b.output_shapes] != b.output_bytes
+        ):
+            return False
+    return (
+        first.arguments == names(second.arguments)
+        and first.fetches == names(second.fetches)
+        and first.variables == second.variables
+        and first.variable_layers == second.variable_layers
+        and first.layers == second.layers
+        and first.optimizer_name == second.optimizer_name
+        and first.inter_op_threads == second.inter_op_threads
+        and first.node_rank == {renamed(name): rank for name, rank in second.node_rank.items()}
+        and first.variable_temps == second.variable_temps
+    )

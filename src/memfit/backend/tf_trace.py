@@ -4,17 +4,27 @@
 update, all in one graph) for a batch given as `TensorSpec`s, so no batch tensor is ever made,
 and describes every op as a `memfit.backend.tf_graph.OpInfo` (sizes from its shapes, aliasing
 and scratch from `memfit.backend.tf_kernels`), rewired as grappler runs it
-(`memfit.backend.tf_grappler`) and pruned as TensorFlow prunes it.
+(`memfit.backend.tf_grappler`) and pruned as TensorFlow prunes it. `start_trace` does the same
+in two halves: grappler (C++, without Python's lock) runs on a thread while the caller goes on,
+describing the ops or tracing the next step.
 """
 
 from __future__ import annotations
 
 import math
+import threading
 from typing import Any
 
 from memfit.backend import tf as tfb
-from memfit.backend.tf_graph import OpInfo, StepGraph, drop_identity_n, prune_dead
-from memfit.backend.tf_grappler import grappler_graph, rewire_as_grappler
+from memfit.backend.tf_graph import (
+    OpInfo,
+    Shape,
+    StepGraph,
+    drop_identity_n,
+    prune_dead,
+    shape_bytes,
+)
+from memfit.backend.tf_grappler import GrapplerNode, grappler_graph, rewire_as_grappler
 from memfit.backend.tf_kernels import (
     ALIAS_OPS,
     ASSIGN_OPS,
@@ -24,7 +34,6 @@ from memfit.backend.tf_kernels import (
     inter_threads,
     intra_threads,
     schedulable_cpus,
-    tensor_bytes,
     xla_grouped_conv_scratch_bytes,
 )
 from memfit.backend.tf_layers import layer_tree, variable_owners
@@ -41,12 +50,69 @@ def batch_specs(workload: Any, batch_size: int) -> Any:
 
 def trace_step(workload: Any, batch_size: int) -> StepGraph:
     """Trace the workload's training step at `batch_size` and describe its ops (no run)."""
+    return start_trace(workload, batch_size).result()
+
+
+class TracedStep:
+    """A traced step whose grappler pass may still be running: `result()` waits for it.
+
+    Made by `start_trace`. Grappler is TensorFlow's C++ optimizer and runs without Python's
+    lock, so on two cores it costs little while the caller describes the ops or traces the
+    next step.
+    """
+
+    def __init__(self, graph_def: Any, fetches: list[str]) -> None:
+        self._nodes: dict[str, GrapplerNode] = {}
+        self._thread = threading.Thread(
+            target=self._optimize, args=(graph_def, fetches), name="memfit-grappler", daemon=True
+        )
+        self._thread.start()
+        self._step: StepGraph | None = None
+        self._effects: set[str] = set()
+        self._done = False
+
+    def _optimize(self, graph_def: Any, fetches: list[str]) -> None:
+        self._nodes = grappler_graph(graph_def, fetches)
+
+    def described(self, step: StepGraph, effects: set[str]) -> None:
+        """Give the step as traced (before grappler) and the ops that run for their effects."""
+        self._step, self._effects = step, effects
+
+    def result(self) -> StepGraph:
+        """The step graph, rewired and pruned as TensorFlow runs it (waits for grappler)."""
+        step = self._step
+        if step is None:
+            raise RuntimeError("the step was not described yet")
+        if not self._done:
+            self._thread.join()
+            rewire_as_grappler(step.ops, self._nodes)
+            step.ops = prune_dead(
+                drop_identity_n(step.ops, step.fetches), step.fetches, self._effects
+            )
+            if step.layer_tree is not None:
+                step.layer_tree.choose_policy(op.name for op in step.ops)
+            step.node_rank = {name: node.rank for name, node in self._nodes.items()}
+            self._done = True
+        return step
+
+
+def start_trace(workload: Any, batch_size: int) -> TracedStep:
+    """Trace the workload's step at `batch_size`; grappler goes on on a thread (see `TracedStep`).
+
+    Example:
+        ```python
+        pending = start_trace(workload, 32)   # grappler runs from here
+        graph = pending.result()              # ... until here
+        ```
+    """
     tf = tfb.import_tf()
     model = workload.model
     specs = batch_specs(workload, batch_size)
     function = tf.function(model.train_step, jit_compile=False)
     concrete = function.get_concrete_function(specs)
     graph = concrete.graph
+    fetches = [t.name for t in concrete.outputs]
+    pending = TracedStep(graph.as_graph_def(), fetches)
     intra = intra_threads(tf)
 
     # Resource placeholders -> variable names.
@@ -90,13 +156,13 @@ def trace_step(workload: Any, batch_size: int) -> StepGraph:
         if op.type in ASSIGN_OPS or (op.op_def is not None and op.op_def.is_stateful):
             effects.add(op.name)
         outputs = [t.name for t in op.outputs]
-        sizes = [tensor_bytes(t.shape, t.dtype) for t in op.outputs]
+        shapes = [tensor_shape(t) for t in op.outputs]
         alias: list[int | None] = [None] * len(outputs)
         variable = None
         if op.type in ALIAS_OPS and op.inputs:
             alias = [min(i, len(op.inputs) - 1) for i in range(len(outputs))]
         if op.type in NO_ALLOC_OPS:
-            sizes = [0] * len(outputs)
+            shapes = [(dims, 0) for dims, _ in shapes]
         if op.type == "ReadVariableOp" or op.type in ASSIGN_OPS:
             variable = _resolve_handle(op.inputs[0], handle_to_var) if op.inputs else None
         scratch = 0
@@ -110,28 +176,21 @@ def trace_step(workload: Any, batch_size: int) -> StepGraph:
                 type=op.type,
                 inputs=[t.name for t in op.inputs],
                 outputs=outputs,
-                output_bytes=sizes,
+                output_bytes=[shape_bytes(shape) for shape in shapes],
                 control_inputs=[c.name for c in op.control_inputs],
                 alias=alias,
                 forwards=op.type in FORWARDING_OPS,
                 scratch_bytes=scratch,
                 variable=variable,
+                output_shapes=shapes,
             )
         )
-    fetches = [t.name for t in concrete.outputs]
-    optimized = grappler_graph(graph.as_graph_def(), fetches)
-    rewire_as_grappler(ops, optimized)
-    ops = prune_dead(drop_identity_n(ops, fetches), fetches, effects)
-    tree.choose_policy(op.name for op in ops)
     arguments = [t.name for t in graph.inputs if t.dtype != tf.resource]
-    argument_bytes = [
-        tensor_bytes(graph.get_tensor_by_name(n).shape, graph.get_tensor_by_name(n).dtype)
-        for n in arguments
-    ]
-    return StepGraph(
+    argument_shapes = [tensor_shape(graph.get_tensor_by_name(n)) for n in arguments]
+    step = StepGraph(
         ops=ops,
         arguments=arguments,
-        argument_bytes=argument_bytes,
+        argument_bytes=[shape_bytes(shape) for shape in argument_shapes],
         fetches=fetches,
         variables=variables,
         variable_layers=variable_layers,
@@ -139,10 +198,29 @@ def trace_step(workload: Any, batch_size: int) -> StepGraph:
         optimizer_name=str(getattr(model.optimizer, "name", "optimizer")),
         # Ops run at once only on different CPUs: more threads than CPUs interleave.
         inter_op_threads=min(inter_threads(tf), schedulable_cpus()),
-        node_rank={name: node.rank for name, node in optimized.items()},
         variable_temps=variable_temps,
         layer_tree=tree,
+        batch_size=int(batch_size),
+        argument_shapes=argument_shapes,
     )
+    pending.described(step, effects)
+    return pending
+
+
+def tensor_shape(tensor: Any) -> Shape:
+    """A tensor's `Shape` as the allocator sizes it (see `memfit.backend.tf_kernels`).
+
+    Unknown dimensions count as 1; resources, variants and strings allocate nothing here.
+    """
+    shape, dtype = tensor.shape, tensor.dtype
+    if shape.rank is None or dtype.name in ("resource", "variant", "string"):
+        return (), 0
+    dims = tuple(d if d is not None and d >= 0 else 1 for d in shape.as_list())
+    try:
+        itemsize = int(dtype.size)
+    except (AttributeError, TypeError, ValueError):
+        return dims, 0
+    return dims, itemsize
 
 
 def _resolve_handle(tensor: Any, handle_to_var: dict[str, str]) -> str | None:

@@ -117,6 +117,8 @@ def estimate(
         print_json(payload)
         return
     _render_estimate(model, result, payload.get("check"))
+    what = ", what-ifs included" if result.what_ifs else ""
+    out.print(f"estimated in {result.estimate_seconds:.1f} s{what}")
 
 
 def _estimate_check(predicted: int, measured: Any) -> dict[str, Any]:

@@ -6,12 +6,19 @@ model of TensorFlow's executor and BFC allocator (`memfit.estimate.simulate`,
 `memfit.estimate.bfc`). The predicted quantity is what `memfit.measure` reports as
 `peak_bytes`: the allocator's peak during a training step after one warm-up step, weights,
 optimizer state and the batch included.
+
+Trace once, replay many: the what-ifs at other batch sizes (and the search for the largest
+batch that fits) reuse the step traced at the batch asked for and at twice that batch
+(`memfit.backend.tf_graph.at_batch_size`), and grappler runs on a thread while the next
+what-if's step is traced (`memfit.backend.tf_trace.start_trace`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import re
+import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -53,6 +60,10 @@ class Estimate:
             the backward pass starts), whether or not the peak comes then.
         budget: the budget compared against, if any.
         input_shapes: shape of one sample per input.
+        trace_seconds: seconds spent tracing the step, grappler included (0 when it was
+            made from the traces at two other batch sizes).
+        estimate_seconds: seconds the estimate took, from loading the model to the last
+            what-if.
     """
 
     batch_size: int
@@ -66,6 +77,7 @@ class Estimate:
     budget: Budget | None = None
     input_shapes: list[list[int]] = field(default_factory=list)
     trace_seconds: float = 0.0
+    estimate_seconds: float = 0.0
 
     @property
     def fits(self) -> bool | None:
@@ -87,6 +99,7 @@ class Estimate:
             "fits": self.fits,
             "input_shapes": self.input_shapes,
             "trace_seconds": self.trace_seconds,
+            "estimate_seconds": self.estimate_seconds,
         }
 
     def __str__(self) -> str:
@@ -120,26 +133,33 @@ def estimate_workload(workload: Workload, batch_size: int, recompute: Any = None
     with the model's forward segmented: the replay runs each recomputed segment's forward
     again inside backward, where its gradients need it.
     """
-    import time
+    check_batch_size(batch_size)
+    started = time.perf_counter()
+    graph = _start_trace(workload, int(batch_size), recompute).result()
+    return _replayed(graph, workload, time.perf_counter() - started, started)
 
+
+def _start_trace(workload: Workload, batch_size: int, recompute: Any = None) -> Any:
+    """Trace the step: a `tf_trace.TracedStep`, its grappler pass still running on a thread."""
     from memfit.backend import tf_trace
     from memfit.recompute import as_recompute
 
-    check_batch_size(batch_size)
     optimizer = workload.model.optimizer
     if optimizer is not None and not getattr(optimizer, "built", True):
         optimizer.build(workload.model.trainable_variables)
     segmented = as_recompute(workload.model, recompute)
-    started = time.perf_counter()
     with segmented if segmented is not None else contextlib.nullcontext():
-        graph = tf_trace.trace_step(workload, int(batch_size))
-    traced = time.perf_counter() - started
+        return tf_trace.start_trace(workload, batch_size)
+
+
+def _replayed(graph: Any, workload: Workload, traced: float, started: float) -> Estimate:
+    """Replay a traced step (a `StepGraph`) and describe its peak as an `Estimate`."""
     emulated = emulated_budget()
     region = None if emulated is None or emulated_memory_growth() else emulated.usable_bytes
     result = replay(graph, region_bytes=region)
     breakdown, per_layer = _summarise(result)
     return Estimate(
-        batch_size=int(batch_size),
+        batch_size=int(graph.batch_size),
         peak_bytes=sum(breakdown.values()),
         breakdown=breakdown,
         per_layer=per_layer,
@@ -153,7 +173,31 @@ def estimate_workload(workload: Workload, batch_size: int, recompute: Any = None
         activations_kept_bytes=result.activations_kept_bytes,
         input_shapes=[list(s) for s in _sample_shapes(workload)],
         trace_seconds=traced,
+        estimate_seconds=time.perf_counter() - started,
     )
+
+
+class _Steps:
+    """One workload's step at many batch sizes: traced at two, made from those at the rest."""
+
+    def __init__(self, workload: Workload, *traced: Any) -> None:
+        self.workload = workload
+        self.traced = {int(graph.batch_size): graph for graph in traced}
+
+    def estimate(self, batch_size: int) -> Estimate:
+        """The estimate at `batch_size`; traced only where the two traces cannot give it."""
+        from memfit.backend.tf_graph import at_batch_size
+
+        started = time.perf_counter()
+        graph = self.traced.get(batch_size)
+        if graph is None and len(self.traced) >= 2:
+            first, second = list(self.traced.values())[:2]
+            graph = at_batch_size(first, second, batch_size)
+        traced = 0.0
+        if graph is None:
+            graph = _start_trace(self.workload, batch_size).result()
+            traced = time.perf_counter() - started
+        return _replayed(graph, self.workload, traced, started)
 
 
 def _sample_shapes(workload: Workload) -> list[tuple[int, ...]]:
@@ -235,14 +279,17 @@ def estimate(
             target = _load(model, input_shape, classes, precision, remat)
         return Workload(target, optimizer=optimizer, loss=loss, input_shape=input_shape, data=data)
 
+    started = time.perf_counter()
     progress(f"tracing the step at batch {batch_size}")
     workload = build()
-    result = estimate_workload(workload, int(batch_size))
+    graph = _start_trace(workload, int(batch_size)).result()
+    result = _replayed(graph, workload, time.perf_counter() - started, started)
     result.budget = resolved
     if what_ifs:
         result.what_ifs = _what_ifs(
-            workload, result, build, rebuild, optimizer, input_shape, progress
+            workload, result, graph, build, rebuild, optimizer, input_shape, progress
         )
+    result.estimate_seconds = time.perf_counter() - started
     return result
 
 
@@ -278,6 +325,7 @@ def _load(
 def _what_ifs(
     workload: Workload,
     base: Estimate,
+    graph: Any,
     build: Callable[..., Workload],
     rebuild: bool,
     optimizer: Any,
@@ -302,15 +350,51 @@ def _what_ifs(
 
     batch = base.batch_size
     sizes = sorted({max(1, batch // 2), batch * 2} - {batch})
+    variants = _variants(base, rebuild, optimizer) if rebuild else []
+    # The steps to trace, in the order the rows need them; each is traced while grappler
+    # works on the one before it (on a thread: see `tf_trace.start_trace`).
+    upcoming: list[tuple[str, Callable[[], Workload], Any]] = [
+        (f"batch {batch * 2}", lambda: workload, {"batch_size": batch * 2}),
+        ("recompute sqrt", lambda: workload, {"batch_size": batch, "recompute": "sqrt"}),
+    ]
+    upcoming += [
+        (change, functools.partial(build, **kwargs), {"batch_size": batch})
+        for change, kwargs in variants
+    ]
+    started: dict[str, tuple[Any, Workload | None, float]] = {}
+
+    def start_next() -> None:
+        if not upcoming:
+            return
+        change, make, kwargs = upcoming.pop(0)
+        progress(f"what if: {change}")
+        since = time.perf_counter()
+        try:
+            made = make()
+            started[change] = (_start_trace(made, **kwargs), made, since)
+        except Exception as exc:  # noqa: BLE001 - reported in the what-if's row
+            started[change] = (exc, None, since)
+
+    def finish(change: str) -> tuple[Estimate, Any]:
+        """The what-if's estimate and step (raises what tracing it raised)."""
+        pending, made, since = started.pop(change)
+        start_next()
+        if isinstance(pending, Exception):
+            raise pending
+        step = pending.result()
+        return _replayed(step, made, time.perf_counter() - since, since), step
+
+    start_next()
+    doubled, doubled_step = finish(f"batch {batch * 2}")
+    steps = _Steps(workload, graph, doubled_step)
     by_size = {batch: base.peak_bytes}
     for size in sizes:
-        progress(f"what if: batch {size}")
-        est = estimate_workload(workload, size)
+        est = doubled if size == batch * 2 else steps.estimate(size)
         by_size[size] = est.peak_bytes
         row(f"batch size {size}", est)
     if base.budget is not None:
         progress("what if: the largest batch for the budget")
-        largest = _largest_batch(workload, base.budget.usable_bytes, by_size)
+        largest = _largest_batch(steps, base.budget.usable_bytes, by_size)
         rows.append(
             {
                 "change": f"largest batch for {base.budget.name}",
@@ -318,15 +402,18 @@ def _what_ifs(
                 "peak_bytes": largest[1],
             }
         )
-    progress("what if: recompute sqrt")
-    try:
-        est = estimate_workload(workload, batch, recompute="sqrt")
-    except Exception as exc:  # noqa: BLE001 - a model recompute cannot cut is reported
-        row("recompute sqrt", None, _not_applicable(exc))
-    else:
-        row("recompute sqrt", est)
-    if not rebuild:
-        return rows
+    for change in ["recompute sqrt"] + [change for change, _ in variants]:
+        try:
+            est, _ = finish(change)
+        except Exception as exc:  # noqa: BLE001 - a variant that cannot be traced is reported
+            row(change, None, _not_applicable(exc))
+        else:
+            row(change, est)
+    return rows
+
+
+def _variants(base: Estimate, rebuild: bool, optimizer: Any) -> list[tuple[str, dict[str, Any]]]:
+    """The what-ifs that rebuild the model: precision, remat, optimizer, a smaller input."""
     variants: list[tuple[str, dict[str, Any]]] = [
         (f"precision {p}", {"precision": p}) for p in PRECISIONS[1:]
     ]
@@ -339,15 +426,7 @@ def _what_ifs(
         h, w, c = shapes[0]
         smaller = (h * 3 // 4 // 8 * 8, w * 3 // 4 // 8 * 8, c)
         variants.append((f"input {smaller[0]}x{smaller[1]}", {"input_shape": smaller}))
-    for change, kwargs in variants:
-        progress(f"what if: {change}")
-        try:
-            est = estimate_workload(build(**kwargs), batch)
-        except Exception as exc:  # noqa: BLE001 - a variant that cannot build is reported
-            row(change, None, _not_applicable(exc))
-            continue
-        row(change, est)
-    return rows
+    return variants
 
 
 def _not_applicable(exc: Exception) -> str:
@@ -369,9 +448,10 @@ def _not_applicable(exc: Exception) -> str:
 
 
 def _largest_batch(
-    workload: Workload, limit: int, known: dict[int, int]
+    steps: _Steps, limit: int, known: dict[int, int]
 ) -> tuple[int | None, int | None]:
-    """Largest batch whose predicted peak fits `limit`: extrapolate, then check by tracing."""
+    """Largest batch whose predicted peak fits `limit`: extrapolate, then bisect on estimates
+    (made from the traces at two batch sizes, `_Steps`)."""
     sizes = sorted(known)
     low, high = sizes[0], sizes[-1]
     slope = (known[high] - known[low]) / max(1, high - low)
@@ -385,7 +465,7 @@ def _largest_batch(
     for _ in range(6):
         peak = known.get(candidate)
         if peak is None:
-            peak = estimate_workload(workload, candidate).peak_bytes
+            peak = steps.estimate(candidate).peak_bytes
             known[candidate] = peak
         if peak <= limit:
             best = (candidate, peak) if candidate >= (best[0] or 0) else best

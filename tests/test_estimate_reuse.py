@@ -1,0 +1,110 @@
+"""memfit.estimate, trace once, replay many: a step made from two traces equals a fresh trace."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from helpers import run_cli, run_isolated
+
+TESTS = os.path.dirname(__file__)
+
+CHECKS = """
+import keras, memfit
+from memfit.backend import tf_trace
+from memfit.backend.tf_graph import at_batch_size
+from memfit.estimate import estimate_workload
+from memfit.estimate.simulate import replay
+from memfit.workload import Workload
+import factories
+
+def flat_bn_sgd():
+    # BatchNorm, swish, a flatten (batch x features) and plain SGD, whose name scope is
+    # `sgd_1` in the first trace and `sgd` in the next.
+    keras.utils.set_random_seed(1)
+    inputs = keras.Input((32, 32, 3))
+    h = keras.layers.Conv2D(8, 3, padding="same")(inputs)
+    h = keras.layers.BatchNormalization()(h)
+    h = keras.layers.Activation("swish")(h)
+    h = keras.layers.Dense(5, activation="softmax")(keras.layers.Flatten()(h))
+    model = keras.Model(inputs, h)
+    model.compile(optimizer="sgd", loss="categorical_crossentropy")
+    return model
+
+def summary(graph):
+    # Op names aside (a scope may be `sgd_1` in one trace, `sgd` in another): bytes, what is
+    # live at the peak, in which layers.
+    r = replay(graph)
+    live = [(item.nbytes, item.category, item.layer) for item in r.live]
+    return r.peak_bytes, r.resident_bytes, r.activations_kept_bytes, r.peak_phase, live
+
+results = {}
+for name, make in (("small_cnn", factories.small_cnn), ("flat_bn_sgd", flat_bn_sgd)):
+    workload = Workload(make())
+    first, second = tf_trace.trace_step(workload, 8), tf_trace.trace_step(workload, 16)
+    rows = {}
+    for size in (6, 12, 40):
+        made = at_batch_size(first, second, size)
+        rows[size] = {
+            "made": made is not None,
+            "same": made is not None
+            and summary(made) == summary(tf_trace.trace_step(workload, size)),
+        }
+    rows["refused"] = {
+        str(size): at_batch_size(first, second, size) is None for size in (1, 3)
+    }
+    results[name] = rows
+
+model = factories.small_cnn()
+est = memfit.estimate(model, 8, what_ifs=True, budget="96MiB")
+batch_rows = {
+    r["batch_size"]: r["peak_bytes"] for r in est.what_ifs if r["change"].startswith("batch")
+}
+results["what_ifs"] = {
+    "rows": [r["change"] for r in est.what_ifs],
+    "batch_rows": batch_rows,
+    "fresh": {b: estimate_workload(Workload(model), b).peak_bytes for b in batch_rows},
+    "largest": [r for r in est.what_ifs if r["change"].startswith("largest")][0],
+    "estimate_seconds": est.estimate_seconds,
+    "json_seconds": est.to_dict()["estimate_seconds"],
+}
+emit(results)
+"""
+
+
+@pytest.fixture(scope="module")
+def results():
+    return run_isolated(CHECKS, env={"PYTHONPATH": TESTS})
+
+
+@pytest.mark.parametrize("model", ["small_cnn", "flat_bn_sgd"])
+def test_a_step_made_from_two_traces_equals_a_fresh_trace(results, model):
+    rows = results[model]
+    for size in ("6", "12", "40"):
+        assert rows[size] == {"made": True, "same": True}, (size, rows)
+
+
+@pytest.mark.parametrize("model", ["small_cnn", "flat_bn_sgd"])
+def test_sizes_that_may_build_other_ops_are_traced(results, model):
+    # Batch 1 (other kernels) and a batch equal to a fixed dimension (3: the kernels' 3x3,
+    # RGB) may trace to other ops: the estimate traces them instead.
+    assert results[model]["refused"] == {"1": True, "3": True}
+
+
+def test_what_ifs_at_other_batch_sizes_equal_fresh_estimates(results):
+    what_ifs = results["what_ifs"]
+    assert what_ifs["rows"][:2] == ["batch size 4", "batch size 16"]
+    assert what_ifs["rows"][2].startswith("largest batch for")
+    assert what_ifs["batch_rows"] == what_ifs["fresh"]
+    largest = what_ifs["largest"]
+    assert largest["batch_size"] and largest["peak_bytes"] <= 96 << 20
+
+
+def test_the_time_is_reported(results):
+    what_ifs = results["what_ifs"]
+    assert 0 < what_ifs["estimate_seconds"] == what_ifs["json_seconds"]
+    proc = run_cli(
+        "estimate", "factories:small_cnn", "-b", "4", "--no-what-ifs", env={"PYTHONPATH": TESTS}
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "estimated in " in proc.stdout and " s" in proc.stdout.split("estimated in ")[1]
