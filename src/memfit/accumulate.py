@@ -62,6 +62,8 @@ class AccumulatingStep:
                 self.loss_tracker = keras.metrics.Mean(name="loss")
         self._gradient_fns: dict[int, Callable[..., Any]] = {}
         self._apply_fn: Callable[..., Any] | None = None
+        self._apply_reduced_fn: Callable[..., Any] | None = None
+        self._reduce_fn: Callable[..., Any] | None = None
         # Positions in trainable_variables that get a gradient (known once traced).
         self.connected: list[int] | None = None
 
@@ -138,9 +140,31 @@ class AccumulatingStep:
 
         return tf.function(step, autograph=False)
 
-    # -- apply ------------------------------------------------------------------------------
-    def apply(self, grads: list[Any]) -> None:
-        """One optimizer update with the accumulated gradients."""
+    # -- reduce and apply -------------------------------------------------------------------
+    def reduce(self, grads: list[Any]) -> list[Any]:
+        """Sum the gradients over every replica: the strategy's all-reduce, alone.
+
+        Only needed where the all-reduce must run apart from the update (across workers, see
+        `memfit.distributed`); then `apply(reduced, reduced=True)` updates with no collective.
+        """
+        if self._reduce_fn is None:
+            self._reduce_fn = self._make_reduce_fn()
+        return self._reduce_fn(grads)
+
+    def apply(self, grads: list[Any], reduced: bool = False) -> None:
+        """One optimizer update with the accumulated gradients.
+
+        Args:
+            grads: what `gradients` returned, or what `reduce` made of it.
+            reduced: the gradients are already summed over the replicas (`reduce`): the
+                optimizer's own all-reduce is skipped, so the update has no collective.
+        """
+        if reduced:
+            if self._apply_reduced_fn is None:
+                self._apply_reduced_fn = self._make_apply_fn()
+            with self._summed_already():
+                self._apply_reduced_fn(grads)
+            return
         if self._apply_fn is None:
             self._apply_fn = self._make_apply_fn()
         self._apply_fn(grads)
@@ -160,6 +184,44 @@ class AccumulatingStep:
             model.distribute_strategy.run(replica_apply, args=(grads,))
 
         return tf.function(apply, autograph=False)
+
+    def _make_reduce_fn(self) -> Callable[..., Any]:
+        tf = tfb.import_tf()
+        strategy = self.model.distribute_strategy
+
+        def replica_reduce(grads: list[Any]) -> list[Any]:
+            context = tf.distribute.get_replica_context()
+            # On the replica's device (an argument has none, and the all-reduce needs one).
+            grads = [tf.identity(g) for g in grads]
+            return context.all_reduce(tf.distribute.ReduceOp.SUM, grads)
+
+        def reduce(grads: list[Any]) -> Any:
+            return strategy.run(replica_reduce, args=(grads,))
+
+        return tf.function(reduce, autograph=False)
+
+    @contextlib.contextmanager
+    def _summed_already(self) -> Any:
+        """Keras' optimizer without its all-reduce (the gradients come summed) while it runs.
+
+        Keras 3 sums the gradients over the replicas in `_all_reduce_sum_gradients`, inside
+        `apply_gradients`; a `LossScaleOptimizer` does it in its inner optimizer.
+        """
+        optimizers = [self.optimizer, getattr(self.optimizer, "inner_optimizer", None)]
+        optimizers = [o for o in optimizers if o is not None]
+        for optimizer in optimizers:
+            if not hasattr(optimizer, "_all_reduce_sum_gradients"):
+                raise MemfitError(
+                    f"{type(optimizer).__name__} has no _all_reduce_sum_gradients (Keras 3's "
+                    f"hook): memfit cannot update apart from the gradient all-reduce with "
+                    f"this Keras version; train with one worker"
+                )
+            optimizer._all_reduce_sum_gradients = _as_summed
+        try:
+            yield
+        finally:
+            for optimizer in optimizers:
+                del optimizer._all_reduce_sum_gradients
 
     # -- metric state -----------------------------------------------------------------------
     def save_metrics(self) -> Any:
@@ -228,6 +290,11 @@ class AccumulatingStep:
         if self.loss_tracker is not None:
             return {"loss": self.loss_tracker.result()}
         return self.model.get_metrics_result()
+
+
+def _as_summed(grads_and_vars: Any) -> list[Any]:
+    """Keras' gradient all-reduce where the gradients come summed already: nothing to do."""
+    return list(grads_and_vars)
 
 
 def _unpack(data: Any) -> tuple[Any, Any, Any]:
