@@ -10,7 +10,8 @@ The package:
 - `callback`: the `Watch` callback itself (a `keras.callbacks.Callback`; it imports Keras,
   so it is loaded on first use of `memfit.Watch`: `import memfit` stays TensorFlow-free,
   which emulation needs);
-- `detectors`: the detectors, pure functions over the recorded series (no TensorFlow);
+- `detectors`: the detectors, pure functions over the recorded series (no TensorFlow), one
+  module per family (memory growth, retracing, the budget's edge, input, loss, OOM);
 - `input_timing`: the train-function wrapper that times the input wait;
 - `log`: the JSON-lines log format, its writer and reader, and the run summary that
   `memfit report` shares;
