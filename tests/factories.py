@@ -19,3 +19,19 @@ def small_cnn() -> Any:
     model = keras.Model(inputs, keras.layers.Dense(10, activation="softmax")(h))
     model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
     return model
+
+
+def any_size_cnn() -> Any:
+    """A compiled CNN without BatchNorm for images of any size (global pooling, 4 outputs, mse)."""
+    import keras
+
+    keras.utils.set_random_seed(1)
+    inputs = keras.Input((None, None, 3))
+    h = keras.layers.Conv2D(16, 3, padding="same", activation="relu")(inputs)
+    h = keras.layers.Conv2D(16, 3, padding="same", activation="relu")(h)
+    h = keras.layers.MaxPooling2D()(h)
+    h = keras.layers.Conv2D(32, 3, padding="same", activation="relu")(h)
+    h = keras.layers.GlobalAveragePooling2D()(h)
+    model = keras.Model(inputs, keras.layers.Dense(4)(h))
+    model.compile(optimizer=keras.optimizers.Adam(1e-3), loss="mse")
+    return model

@@ -60,3 +60,7 @@ class RecomputeError(MemfitError, ValueError):
 
 class BackupError(MemfitError):
     """A `backup_dir` or its checkpoint cannot be used (a file, not writable, another model)."""
+
+
+class DistributedError(MemfitError, RuntimeError):
+    """Workers of a multi-worker job cannot go on together: one stopped, or a collective failed."""

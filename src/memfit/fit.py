@@ -18,6 +18,13 @@ from memfit.backend import tf as tfb
 from memfit.backup import Backup
 from memfit.budget import as_budget, emulated_budget
 from memfit.checks import check_batch_size, check_positive_int
+from memfit.distributed import (
+    CANNOT_GO_ON,
+    OUT_OF_MEMORY,
+    WENT_THROUGH,
+    Agreement,
+    fix_keras_multi_worker_build,
+)
 from memfit.errors import MemfitError
 from memfit.sizes import format_size
 
@@ -42,6 +49,8 @@ class Recovery:
         seconds: from the error to the step completed with the new K.
         trace_seconds: of `seconds`, the time spent tracing the step for the new K.
         message: TensorFlow's error, first line.
+        elsewhere: another worker (of a multi-worker strategy) ran out of memory, and this
+            one retried with it.
     """
 
     update: int
@@ -54,12 +63,14 @@ class Recovery:
     seconds: float = 0.0
     trace_seconds: float = 0.0
     message: str = ""
+    elsewhere: bool = False
 
     def __str__(self) -> str:
         where = f"epoch {self.epoch + 1}, " if self.epoch is not None else ""
         peak = f", peak {format_size(self.peak_bytes)}" if self.peak_bytes else ""
+        whose = " on another worker" if self.elsewhere else ""
         return (
-            f"out of memory in the {self.phase} of update {self.update + 1} ({where}batch "
+            f"out of memory{whose} in the {self.phase} of update {self.update + 1} ({where}batch "
             f"{'x'.join(map(str, self.input_shapes[0]))}{peak}): retried with "
             f"{self.new_micro_batches} micro-batches (was {self.old_micro_batches}), "
             f"{self.seconds:.1f} s"
@@ -166,6 +177,7 @@ class GuardedStep:
         self._step = AccumulatingStep(
             model, optimizer=optimizer, loss_fn=loss_fn, recompute=self.recompute
         )
+        self._agreement = Agreement(model.distribute_strategy)
         self.optimizer = self._step.optimizer
         self._k: dict[str, int] = {}
         self._traced: set[tuple[str, int]] = set()
@@ -202,46 +214,64 @@ class GuardedStep:
                 if pending is not None:
                     pending.trace_seconds += time.perf_counter() - started
             saved_metrics = self._step.save_metrics()
+            failure: Exception | None = None
             try:
                 self._reset_peak()  # each attempt's own peak: a failed one's is not kept
                 grads = self._step.gradients(data, k)
                 self._gradients_peak = self._peak()
             except Exception as exc:
                 if not tfb.is_oom(exc):
+                    self._agreement.abandon()
                     raise
+                failure = exc
+            # Every worker of a multi-worker strategy takes the same decision (one process: its own)
+            recovery, guard = self._settle(failure, "gradients", k, batch, shapes, update)
+            if recovery is not None:
+                grads = None  # went through here but not on another worker: retried with it
                 self._step.restore_metrics(saved_metrics)
                 failed_at = failed_at or time.perf_counter()
-                pending = self._recover(exc, "gradients", k, batch, shapes, update)
-                k = pending.new_micro_batches
+                pending, k = recovery, recovery.new_micro_batches
                 continue
-            snapshot = self._snapshot() if self._guarding() else None
+            reduced = self._agreement.active
+            if reduced:  # the all-reduce alone, so an OOM in the update strikes outside it
+                try:
+                    grads = self._step.reduce(grads)
+                except Exception as exc:
+                    failed = self._agreement.collective_failed(exc, "the gradient all-reduce")
+                    raise failed from None
+            snapshot = self._snapshot() if guard else None
             try:
                 self._reset_peak()
-                self._step.apply(grads)
+                self._step.apply(grads, reduced=reduced)
                 self._update_peak = self._peak()
             except Exception as exc:
                 if not tfb.is_oom(exc):
+                    self._agreement.abandon()
                     raise
-                del grads
-                if snapshot is None:
-                    raise MemfitError(
-                        f"out of memory inside the optimizer update ({tfb.oom_summary(exc)}), "
-                        f"which was not guarded (guard_update=False): weights and optimizer "
-                        f"slots may be partly updated. Reload your last checkpoint and run "
-                        f"with guard_update='auto'"
-                    ) from None
+                failure = exc
+            del grads
+            unguarded = None
+            if failure is not None and snapshot is None:
+                unguarded = MemfitError(
+                    f"out of memory inside the optimizer update ({tfb.oom_summary(failure)}), "
+                    f"which was not guarded (guard_update=False): weights and optimizer "
+                    f"slots may be partly updated. Reload your last checkpoint and run "
+                    f"with guard_update='auto'"
+                )
+            # The update's memory does not depend on K: retry it as it was once (the error may
+            # have been passing), then with more micro-batches.
+            recovery, _ = self._settle(
+                failure, "apply", k, batch, shapes, update, apply_failures > 0, unguarded
+            )
+            if recovery is None:
+                break
+            if snapshot is not None:
                 self._restore(snapshot)
-                self._step.restore_metrics(saved_metrics)
-                self._update_peak = None
-                failed_at = failed_at or time.perf_counter()
-                # The update's memory does not depend on K: retry it as it was once (the
-                # error may have been passing), then with more micro-batches.
-                again = apply_failures > 0
-                apply_failures += 1
-                pending = self._recover(exc, "apply", k, batch, shapes, update, escalate=again)
-                k = pending.new_micro_batches
-                continue
-            break
+            self._step.restore_metrics(saved_metrics)
+            self._update_peak = None
+            failed_at = failed_at or time.perf_counter()
+            apply_failures += 1
+            pending, k = recovery, recovery.new_micro_batches
         self._k[key] = k
         peaks = [p for p in (self._gradients_peak, self._update_peak) if p is not None]
         self.last_peak_bytes = max(peaks) if peaks else None
@@ -287,6 +317,41 @@ class GuardedStep:
         )
         self.summary.recoveries.append(recovery)
         return recovery
+
+    def _settle(
+        self,
+        failure: Exception | None,
+        phase: str,
+        k: int,
+        batch: int,
+        shapes: list[list[int]],
+        update: int,
+        escalate: bool = True,
+        fatal: MemfitError | None = None,
+    ) -> tuple[Recovery | None, bool]:
+        """The attempt's outcome, agreed by every worker: the Recovery to retry with (or None
+        to go on), and whether to guard the update. Raises where this or another worker stops.
+        """
+        recovery = None
+        if failure is not None and fatal is None:
+            try:
+                recovery = self._recover(failure, phase, k, batch, shapes, update, escalate)
+            except MemfitError as error:
+                fatal = error
+        outcome = CANNOT_GO_ON if fatal else OUT_OF_MEMORY if recovery else WENT_THROUGH
+        wanted = recovery.new_micro_batches if recovery is not None else k
+        verdict = self._agreement.agree(outcome, wanted, phase == "gradients" and self._guarding())
+        if fatal is not None:
+            raise fatal
+        if verdict.outcome == CANNOT_GO_ON:
+            raise self._agreement.stopped_elsewhere(phase)
+        if not verdict.retry:
+            return None, verdict.guard
+        if recovery is None:  # another worker ran out of memory: this one retries with it
+            recovery = Recovery(update, self.epoch, shapes, phase, k, k, None, elsewhere=True)
+            self.summary.recoveries.append(recovery)
+        recovery.new_micro_batches = min(batch, verdict.micro_batches)
+        return recovery, verdict.guard
 
     def _finish_recoveries(self, update: int, seconds: float) -> None:
         for recovery in self.summary.recoveries:
@@ -481,6 +546,7 @@ def fit(
 
     train_function.guarded_step = step  # type: ignore[attr-defined]  # read by memfit.Watch
     model.train_function = train_function
+    keras_build = fix_keras_multi_worker_build(model)
     try:
         with backup.handling_signals() if backup is not None else contextlib.nullcontext():
             history = model.fit(
@@ -503,6 +569,7 @@ def fit(
             )
     finally:
         model.train_function = previous
+        keras_build()
     history.memfit = step.summary
     return history
 
