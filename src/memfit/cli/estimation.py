@@ -16,6 +16,7 @@ from memfit.cli.options import (
     model_options,
 )
 from memfit.cli.render import err, out, print_json
+from memfit.estimate.bounds import ALLOWANCE, SAMPLES
 from memfit.models import check_model_spec
 from memfit.sizes import format_size
 
@@ -36,6 +37,14 @@ from memfit.sizes import format_size
     "factories and built-ins) mixed precision, remat, the other optimizer, smaller inputs.",
 )
 @click.option(
+    "--samples",
+    type=click.IntRange(min=0),
+    default=SAMPLES,
+    show_default=True,
+    help="Other processes to replay (executor orders, allocator histories) for the high "
+    "bound; 0 leaves the bound out.",
+)
+@click.option(
     "--check", is_flag=True, help="Also measure the step (in a child process) and show the error."
 )
 @model_options
@@ -47,6 +56,7 @@ def estimate(
     precision: str | None,
     remat: str | None,
     what_ifs: bool,
+    samples: int,
     check: bool,
     input_shape: Any,
     classes: int | None,
@@ -93,6 +103,7 @@ def estimate(
             remat=remat,
             classes=classes,
             what_ifs=what_ifs,
+            samples=samples,
             on_progress=report,
         )
         measured = None
@@ -112,7 +123,7 @@ def estimate(
             )
     payload = result.to_dict()
     if measured is not None:
-        payload["check"] = _estimate_check(result.peak_bytes, measured)
+        payload["check"] = _estimate_check(result.peak_bytes, measured, result.high_bytes)
     if as_json:
         print_json(payload)
         return
@@ -121,14 +132,17 @@ def estimate(
     out.print(f"estimated in {result.estimate_seconds:.1f} s{what}")
 
 
-def _estimate_check(predicted: int, measured: Any) -> dict[str, Any]:
+def _estimate_check(predicted: int, measured: Any, high: int | None = None) -> dict[str, Any]:
     peak = measured.peak_bytes
+    valid = bool(peak) and not measured.oom
     return {
         "predicted_bytes": predicted,
+        "high_bytes": high,
         "measured_bytes": peak,
         "measured_oom": measured.oom,
         "measured_peaks_bytes": measured.peaks_bytes,
-        "error": None if not peak or measured.oom else (predicted - peak) / peak,
+        "error": (predicted - peak) / peak if valid else None,
+        "within_high_bound": (peak <= high) if valid and high else None,
     }
 
 
@@ -139,6 +153,12 @@ def _render_estimate(model: str, result: Any, check: dict[str, Any] | None) -> N
         f"[bold]{format_size(result.peak_bytes)}[/] — at the {moment.get('phase')} pass, layer "
         f"{moment.get('layer') or '-'} ({moment.get('op_type')})"
     )
+    if result.high_bytes:
+        out.print(
+            f"high bound [bold]{format_size(result.high_bytes)}[/] (the highest of "
+            f"{len(result.sample_peaks_bytes)} other executor orders and allocator histories, "
+            f"plus {ALLOWANCE:.0%}): rent or plan for this"
+        )
     table = Table(title="What is live at the peak")
     table.add_column("part")
     table.add_column("size", justify="right")
@@ -162,28 +182,35 @@ def _render_estimate(model: str, result: Any, check: dict[str, Any] | None) -> N
         whatif.add_column("change")
         whatif.add_column("batch", justify="right")
         whatif.add_column("peak", justify="right")
+        whatif.add_column("up to", justify="right")
         whatif.add_column("saves", justify="right")
         for row in result.what_ifs:
             if "error" in row:
                 # "not applicable: <why>", whole: the table wraps it (issue 20).
-                whatif.add_row(row["change"], "", "n/a", row["error"].splitlines()[0])
+                whatif.add_row(row["change"], "", "n/a", "", row["error"].splitlines()[0])
                 continue
             saved = row.get("saved_bytes")
             whatif.add_row(
                 row["change"],
                 str(row.get("batch_size") or "none fits"),
                 format_size(row["peak_bytes"]) if row.get("peak_bytes") else "-",
+                format_size(row["high_bytes"]) if row.get("high_bytes") else "-",
                 "" if saved is None else format_size(saved),
             )
         out.print(whatif)
     if result.budget is not None:
         verdict = "fits" if result.fits else "does NOT fit"
+        if result.high_bytes:
+            verdict += " (high bound)"
         out.print(f"{verdict} in {format_size(result.budget.usable_bytes)} ({result.budget.name})")
     if check is not None:
         if check["error"] is None:
             out.print(f"measured: out of memory (reached {format_size(check['measured_bytes'])})")
         else:
+            inside = check.get("within_high_bound")
+            bound = "" if inside is None else ("; within" if inside else "; ABOVE")
+            bound += " the high bound" if inside is not None else ""
             out.print(
                 f"measured peak {format_size(check['measured_bytes'])}; predicted "
-                f"{format_size(check['predicted_bytes'])}; error {check['error']:+.1%}"
+                f"{format_size(check['predicted_bytes'])}; error {check['error']:+.1%}{bound}"
             )

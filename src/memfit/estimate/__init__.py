@@ -29,6 +29,7 @@ from memfit.backend import tf as tfb
 from memfit.budget import Budget, as_budget, emulated_budget, emulated_memory_growth
 from memfit.checks import check_batch_size
 from memfit.errors import WorkloadError
+from memfit.estimate.bounds import SAMPLES, peak_range
 from memfit.estimate.simulate import Replay, replay
 from memfit.sizes import format_size
 from memfit.workload import InputShape, Workload
@@ -60,6 +61,11 @@ class Estimate:
             the backward pass starts), whether or not the peak comes then.
         budget: the budget compared against, if any.
         input_shapes: shape of one sample per input.
+        high_bytes: the high bound of the peak: the highest of the processes TensorFlow
+            could run (other executor orders, other allocator histories), plus an allowance
+            (see `memfit.estimate.bounds`). `peak_bytes` is the likely peak; a card is safe
+            to rent for the high bound.
+        sample_peaks_bytes: the peak of each sampled process behind `high_bytes`.
         trace_seconds: seconds spent tracing the step, grappler included (0 when it was
             made from the traces at two other batch sizes).
         estimate_seconds: seconds the estimate took, from loading the model to the last
@@ -77,18 +83,24 @@ class Estimate:
     budget: Budget | None = None
     input_shapes: list[list[int]] = field(default_factory=list)
     trace_seconds: float = 0.0
+    high_bytes: int | None = None
+    sample_peaks_bytes: list[int] = field(default_factory=list)
     estimate_seconds: float = 0.0
 
     @property
     def fits(self) -> bool | None:
-        """Whether the predicted peak fits the budget (None without a budget)."""
-        return None if self.budget is None else self.peak_bytes <= self.budget.usable_bytes
+        """Whether the high bound (else the predicted peak) fits the budget (None: no budget)."""
+        if self.budget is None:
+            return None
+        return (self.high_bytes or self.peak_bytes) <= self.budget.usable_bytes
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict: sizes in bytes with `_bytes` keys."""
         return {
             "batch_size": self.batch_size,
             "peak_bytes": self.peak_bytes,
+            "high_bytes": self.high_bytes,
+            "sample_peaks_bytes": self.sample_peaks_bytes,
             "resident_bytes": self.resident_bytes,
             "activations_kept_bytes": self.activations_kept_bytes,
             "breakdown": {f"{k}_bytes": v for k, v in self.breakdown.items()},
@@ -104,8 +116,9 @@ class Estimate:
 
     def __str__(self) -> str:
         moment = self.peak_moment
+        high = f", up to {format_size(self.high_bytes)}" if self.high_bytes else ""
         return (
-            f"batch {self.batch_size}: predicted peak {format_size(self.peak_bytes)} "
+            f"batch {self.batch_size}: predicted peak {format_size(self.peak_bytes)}{high} "
             f"(in the {moment.get('phase', '?')} pass at {moment.get('layer') or moment.get('op')})"
         )
 
@@ -124,7 +137,14 @@ def _summarise(result: Replay) -> tuple[dict[str, int], list[dict[str, Any]]]:
     return breakdown, per_layer
 
 
-def estimate_workload(workload: Workload, batch_size: int, recompute: Any = None) -> Estimate:
+def estimate_workload(
+    workload: Workload,
+    batch_size: int,
+    recompute: Any = None,
+    *,
+    samples: int = 0,
+    on_sample: Callable[[int, int], None] | None = None,
+) -> Estimate:
     """Estimate a prepared Workload's step at `batch_size` (see `estimate`).
 
     The replay's allocator follows this process's emulation: one region of the budget (a
@@ -136,7 +156,8 @@ def estimate_workload(workload: Workload, batch_size: int, recompute: Any = None
     check_batch_size(batch_size)
     started = time.perf_counter()
     graph = _start_trace(workload, int(batch_size), recompute).result()
-    return _replayed(graph, workload, time.perf_counter() - started, started)
+    traced = time.perf_counter() - started
+    return _replayed(graph, workload, traced, started, samples=samples, on_sample=on_sample)
 
 
 def _start_trace(workload: Workload, batch_size: int, recompute: Any = None) -> Any:
@@ -152,13 +173,29 @@ def _start_trace(workload: Workload, batch_size: int, recompute: Any = None) -> 
         return tf_trace.start_trace(workload, batch_size)
 
 
-def _replayed(graph: Any, workload: Workload, traced: float, started: float) -> Estimate:
+def _replayed(
+    graph: Any,
+    workload: Workload,
+    traced: float,
+    started: float,
+    *,
+    samples: int = 0,
+    on_sample: Callable[[int, int], None] | None = None,
+) -> Estimate:
     """Replay a traced step (a `StepGraph`) and describe its peak as an `Estimate`."""
     emulated = emulated_budget()
     region = None if emulated is None or emulated_memory_growth() else emulated.usable_bytes
     result = replay(graph, region_bytes=region)
     breakdown, per_layer = _summarise(result)
+    likely = sum(breakdown.values())
+    bound = None
+    if samples > 0:
+        bound = peak_range(
+            graph, likely, region_bytes=region, samples=samples, on_sample=on_sample
+        )
     return Estimate(
+        high_bytes=bound.high_bytes if bound is not None else None,
+        sample_peaks_bytes=bound.sample_bytes if bound is not None else [],
         batch_size=int(graph.batch_size),
         peak_bytes=sum(breakdown.values()),
         breakdown=breakdown,
@@ -220,6 +257,7 @@ def estimate(
     remat: str | None = None,
     classes: int | None = None,
     what_ifs: bool = False,
+    samples: int = SAMPLES,
     on_progress: Callable[[str], None] | None = None,
 ) -> Estimate:
     """Predict the peak memory of one training step of `model` at `batch_size`, without running.
@@ -245,6 +283,9 @@ def estimate(
         what_ifs: also predict other batch sizes, the largest batch for the budget, and (for
             MODEL strings that build the model) mixed precision, remat modes, SGD vs Adam
             and a smaller input resolution.
+        samples: other processes to replay for the high bound (`Estimate.high_bytes`);
+            0 leaves it out. What-ifs scale their high bound by the base step's
+            high-to-likely ratio instead of sampling again.
         on_progress: called with a short text at each phase.
 
     Returns:
@@ -282,8 +323,13 @@ def estimate(
     started = time.perf_counter()
     progress(f"tracing the step at batch {batch_size}")
     workload = build()
+
+    def sampled(done: int, total: int) -> None:
+        progress(f"the high bound: process {done} of {total} replayed")
+
     graph = _start_trace(workload, int(batch_size)).result()
-    result = _replayed(graph, workload, time.perf_counter() - started, started)
+    traced = time.perf_counter() - started
+    result = _replayed(graph, workload, traced, started, samples=samples, on_sample=sampled)
     result.budget = resolved
     if what_ifs:
         result.what_ifs = _what_ifs(
@@ -333,6 +379,8 @@ def _what_ifs(
     progress: Callable[[str], None],
 ) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
+    # Each what-if's high bound: its likely peak times the base step's high-to-likely ratio.
+    ratio = base.high_bytes / base.peak_bytes if base.high_bytes and base.peak_bytes else 1.0
 
     def row(change: str, est: Estimate | None, error: str | None = None) -> None:
         entry: dict[str, Any] = {"change": change}
@@ -340,6 +388,7 @@ def _what_ifs(
             entry.update(
                 batch_size=est.batch_size,
                 peak_bytes=est.peak_bytes,
+                high_bytes=int(est.peak_bytes * ratio),
                 saved_bytes=base.peak_bytes - est.peak_bytes,
                 activations_bytes=est.breakdown["activations"],
                 optimizer_slots_bytes=est.breakdown["optimizer_slots"],
@@ -394,12 +443,14 @@ def _what_ifs(
         row(f"batch size {size}", est)
     if base.budget is not None:
         progress("what if: the largest batch for the budget")
-        largest = _largest_batch(steps, base.budget.usable_bytes, by_size)
+        # The largest batch whose high bound fits: the answer a card can be rented on.
+        largest = _largest_batch(steps, int(base.budget.usable_bytes / ratio), by_size)
         rows.append(
             {
                 "change": f"largest batch for {base.budget.name}",
                 "batch_size": largest[0],
                 "peak_bytes": largest[1],
+                "high_bytes": int(largest[1] * ratio) if largest[1] is not None else None,
             }
         )
     for change in ["recompute sqrt"] + [change for change, _ in variants]:

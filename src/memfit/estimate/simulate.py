@@ -23,6 +23,7 @@ the spread across processes.
 
 from __future__ import annotations
 
+import random
 import re
 from collections import defaultdict, deque
 from dataclasses import dataclass, field
@@ -103,7 +104,12 @@ def phase_of(name: str, op_type: str, optimizer_name: str) -> str:
 
 
 def replay(
-    graph: Any, warmup: bool = True, steps: int = STEPS, region_bytes: int | None = None
+    graph: Any,
+    warmup: bool = True,
+    steps: int = STEPS,
+    region_bytes: int | None = None,
+    order_seed: int | None = None,
+    warmups: int = 1,
 ) -> Replay:
     """Replay `graph` (a `memfit.backend.tf_graph.StepGraph`) and find its peak.
 
@@ -114,15 +120,30 @@ def replay(
     use before the steps. `region_bytes`: the allocator holds that budget as one region from
     the start (an emulated card, a GPU with memory growth off); None: it grows in regions.
 
+    `order_seed` replays one process the executor could have run instead of the usual one:
+    each op's successors are met in an order drawn from the seed (TensorFlow meets the
+    consumers of an op with more than four out-edges in address order, and with several
+    inter-op threads which ready op runs first is a race), once for each of the `warmups`
+    warm-up steps (the process's allocator history) and once for the measured steps (an
+    instantiation's order is the same in all its steps). None: grappler's node order.
+
     Known limit: with one inter-op thread the executor's order is fixed when a process
     instantiates the step but not the same in every process (an op with more than four
     out-edges meets its consumers in address order): VGG16 96 px batch 2 Adam measured
     771, 900 and 1017 MiB in three processes; the replay plays grappler's node order.
     """
-    return _replay_once(graph, warmup, steps, region_bytes)
+    rng = random.Random(order_seed) if order_seed is not None else None
+    return _replay_once(graph, warmup, steps, region_bytes, rng, max(1, warmups))
 
 
-def _replay_once(graph: Any, warmup: bool, steps: int, region_bytes: int | None) -> Replay:
+def _replay_once(
+    graph: Any,
+    warmup: bool,
+    steps: int,
+    region_bytes: int | None,
+    rng: random.Random | None = None,
+    warmups: int = 1,
+) -> Replay:
     bfc = BFC(region_bytes)
     resident: list[Live] = []
     variables: dict[str, int] = {}
@@ -144,15 +165,19 @@ def _replay_once(graph: Any, warmup: bool, steps: int, region_bytes: int | None)
     for name, nbytes in zip(graph.arguments, graph.argument_bytes, strict=True):
         handle = bfc.allocate(nbytes)
         resident += _chunk(bfc, handle, nbytes, "inputs", "", name)
-    order = execution_order(graph) if int(graph.inter_op_threads) == 1 else None
+    single = int(graph.inter_op_threads) == 1
     if warmup:
-        _run(graph, bfc, variables, order)
+        for _ in range(warmups if rng is not None else 1):
+            seed = rng.random() if rng is not None else None
+            _run(graph, bfc, variables, execution_order(graph, seed) if single else None, seed)
+    seed = rng.random() if rng is not None else None
+    order = execution_order(graph, seed) if single else None
     best: Replay | None = None
     before = bfc.in_use
     for _ in range(max(1, steps)):
         bfc.reset_peak()
         before_step = bfc.in_use
-        result = _run(graph, bfc, variables, order)
+        result = _run(graph, bfc, variables, order, seed)
         result.resident_bytes = before_step
         result.peak_bytes = before_step + result.step_peak_bytes
         if best is None or result.peak_bytes > best.peak_bytes:
@@ -164,12 +189,20 @@ def _replay_once(graph: Any, warmup: bool, steps: int, region_bytes: int | None)
     return best
 
 
-def execution_order(graph: Any) -> list[int]:
-    """Op indices of `graph` in the order the single-thread executor runs them."""
+def execution_order(graph: Any, seed: float | None = None) -> list[int]:
+    """Op indices of `graph` in the order the single-thread executor runs them.
+
+    `seed`: each op's successors in an order drawn from it (another process's order)
+    instead of grappler's node order.
+    """
     ops = graph.ops
     preds, succs, _ = op_dependencies(ops)
     cheap = [op.type in INEXPENSIVE_OPS for op in ops]
-    return single_thread_order(preds, _edge_order(succs, ops, graph), cheap)
+    edges = _edge_order(succs, ops, graph)
+    if seed is not None:
+        rng = random.Random(seed)
+        edges = [rng.sample(s, len(s)) for s in edges]
+    return single_thread_order(preds, edges, cheap)
 
 
 def _run(
@@ -177,6 +210,7 @@ def _run(
     bfc: BFC,
     variables: dict[str, int] | None = None,
     order: list[int] | None = None,
+    seed: float | None = None,
 ) -> Replay:
     ops = graph.ops
     index = {op.name: i for i, op in enumerate(ops)}
@@ -198,6 +232,11 @@ def _run(
     for i, ps in enumerate(preds):
         for p in ps:
             succs[p].append(i)
+    if seed is not None and order is None:
+        # Several inter-op threads: which of the ops made ready together runs first is a race.
+        shuffle = random.Random(seed).shuffle
+        for s in succs:
+            shuffle(s)
     phases = [phase_of(op.name, op.type, graph.optimizer_name) for op in ops]
     tree = getattr(graph, "layer_tree", None)
     layers = [tree.layer_of(op.name) if tree else layer_of(op.name, graph.layers) for op in ops]

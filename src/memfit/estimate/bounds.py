@@ -1,0 +1,88 @@
+"""The high bound of an estimate: the step's peak in the processes TensorFlow could run.
+
+One process's peak is not the step's: with one inter-op thread, TensorFlow's executor meets
+the consumers of an op with more than four out-edges in address order, and with several
+inter-op threads which of the ops made ready together runs first is a race, so the order of
+the step (and with it which tensors are live together) changes from one process to the next.
+What ran before the step (the allocator's history: which free chunks lie where) decides
+which chunk each request gets, and in one region a chunk less than twice the request is
+handed out whole. The likely peak (`memfit.estimate.simulate.replay`) plays grappler's node
+order from a fresh allocator; the high bound replays `samples` other processes, each with its
+own history (warm-up steps in drawn orders) and its own order for the measured steps, and
+takes the highest peak, plus an allowance for the histories the samples do not reach.
+
+With several inter-op threads each thread runs depth first, as the single thread does, and
+hands the other ready ops to the pool, where an idle thread takes them: half the samples
+replay that depth-first order, the other half the ready-queue model of several threads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from memfit.estimate.simulate import replay
+
+# Processes replayed beside the likely one (each a warm-up history and an executor order).
+SAMPLES = 4
+# Warm-up steps before the measured ones in each sampled process: its allocator history.
+WARMUPS = 2
+# Measured steps in each sampled process (the highest counts, as `memfit.measure` reports).
+STEPS = 5
+# Allowance above the highest sampled peak for histories and orders the samples miss,
+# measured on the accuracy benchmark (see docs/estimate.md, "The range").
+ALLOWANCE = 0.05
+
+
+@dataclass
+class PeakRange:
+    """The likely peak, the high bound, and each sampled process's peak (bytes)."""
+
+    likely_bytes: int
+    high_bytes: int
+    sample_bytes: list[int] = field(default_factory=list)
+
+
+def peak_range(
+    graph: Any,
+    likely_bytes: int,
+    *,
+    region_bytes: int | None = None,
+    samples: int = SAMPLES,
+    seed: int = 0,
+    on_sample: Callable[[int, int], None] | None = None,
+) -> PeakRange:
+    """The high bound of a traced step's peak over the processes TensorFlow could run.
+
+    Args:
+        graph: the traced step (`memfit.backend.tf_graph.StepGraph`).
+        likely_bytes: the likely peak (`replay(graph).peak_bytes`); the bound is never
+            below it.
+        region_bytes: the emulated card's one region, as for `replay`.
+        samples: processes to replay (0: the bound is the likely peak plus the allowance).
+        seed: the first sample's seed; the same seed gives the same bound.
+        on_sample: called with (samples done, samples) after each.
+
+    Returns:
+        A `PeakRange`.
+
+    Example:
+        ```python
+        graph = tf_trace.trace_step(workload, 32)
+        likely = replay(graph).peak_bytes
+        print(peak_range(graph, likely).high_bytes)
+        ```
+    """
+    peaks: list[int] = []
+    depth_first = replace(graph, inter_op_threads=1) if graph.inter_op_threads > 1 else graph
+    for i in range(samples):
+        played = depth_first if i % 2 == 0 else graph
+        result = replay(
+            played, steps=STEPS, region_bytes=region_bytes, order_seed=seed + i, warmups=WARMUPS
+        )
+        peaks.append(result.peak_bytes)
+        if on_sample is not None:
+            on_sample(i + 1, samples)
+    highest = max([likely_bytes, *peaks])
+    return PeakRange(likely_bytes, int(highest * (1 + ALLOWANCE)), peaks)

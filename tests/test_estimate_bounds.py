@@ -1,0 +1,94 @@
+"""memfit.estimate.bounds: the high bound over the processes TensorFlow could run."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from helpers import run_cli, run_isolated
+
+TESTS = os.path.dirname(__file__)
+
+CHECKS = """
+import memfit
+from memfit.backend import tf as tfb
+tf = tfb.import_tf()
+tf.config.threading.set_inter_op_parallelism_threads(1)
+from memfit.backend import tf_trace
+from memfit.backend.tf_graph import op_dependencies
+from memfit.estimate.bounds import peak_range
+from memfit.estimate.simulate import execution_order, replay
+from memfit.budget import emulated_budget
+from memfit.workload import Workload
+
+model = memfit.load_model("factories:small_cnn")
+measured = memfit.measure(model, 16, repeats=3)
+graph = tf_trace.trace_step(Workload(model), 16)
+region = emulated_budget().usable_bytes
+likely = replay(graph, region_bytes=region).peak_bytes
+first = peak_range(graph, likely, region_bytes=region, samples=3, seed=7)
+again = peak_range(graph, likely, region_bytes=region, samples=3, seed=7)
+preds, _, _ = op_dependencies(graph.ops)
+orders = [execution_order(graph), execution_order(graph, 0.25), execution_order(graph, 0.75)]
+
+def topological(order):
+    seen = set()
+    for i in order:
+        if not preds[i] <= seen:
+            return False
+        seen.add(i)
+    return len(seen) == len(graph.ops)
+
+e = memfit.estimate(model, 16, samples=2)
+none = memfit.estimate(model, 16, samples=0)
+emit({
+    "likely": likely, "high": first.high_bytes, "samples": first.sample_bytes,
+    "again": again.sample_bytes, "measured": measured.peak_bytes,
+    "topological": [topological(o) for o in orders],
+    "distinct_orders": len({tuple(o) for o in orders}),
+    "estimate": e.to_dict(), "no_samples": none.to_dict(), "str": str(e),
+})
+"""
+
+
+@pytest.fixture(scope="module")
+def results():
+    return run_isolated(CHECKS, env={"MEMFIT_MEMORY": "1GiB", "PYTHONPATH": TESTS})
+
+
+def test_the_high_bound_is_at_or_above_every_sample_and_the_likely_peak(results):
+    assert results["high"] >= max([results["likely"], *results["samples"]])
+    assert len(results["samples"]) == 3
+
+
+def test_the_same_seed_gives_the_same_bound(results):
+    assert results["samples"] == results["again"]
+
+
+def test_sampled_orders_are_orders_the_executor_could_run(results):
+    # Every drawn order runs each op after all it depends on, and they are other orders.
+    assert all(results["topological"])
+    assert results["distinct_orders"] > 1
+
+
+def test_the_measured_peak_is_within_the_high_bound(results):
+    assert results["measured"] <= results["estimate"]["high_bytes"]
+    assert results["estimate"]["high_bytes"] >= results["estimate"]["peak_bytes"]
+    assert len(results["estimate"]["sample_peaks_bytes"]) == 2
+    assert "up to" in results["str"]
+
+
+def test_no_samples_leaves_the_bound_out(results):
+    assert results["no_samples"]["high_bytes"] is None
+    assert results["no_samples"]["peak_bytes"] == results["estimate"]["peak_bytes"]
+
+
+def test_cli_shows_the_high_bound_and_takes_samples():
+    proc = run_cli(
+        "estimate", "factories:small_cnn", "-b", "4", "--no-what-ifs", "--samples", "1",
+        env={"PYTHONPATH": TESTS, "MEMFIT_MEMORY": "1GiB"},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "high bound" in proc.stdout
+    bad = run_cli("estimate", "factories:small_cnn", "-b", "4", "--samples", "-1")
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr
