@@ -143,3 +143,15 @@ def test_the_cli_estimate_says_the_same():
     result = CliRunner().invoke(cli, ["estimate", "keras.applications.MobileNetV2", "-b", "0"])
     assert isinstance(result.exception, WorkloadError)
     assert str(result.exception) == BATCH + "0"
+
+
+@pytest.mark.parametrize("good", ["1,2", (4, 8), [2, 16]])
+def test_threads_are_two_whole_numbers(good):
+    inter, intra = checks.check_threads(good)
+    assert inter >= 1 and intra >= 1
+
+
+@pytest.mark.parametrize("bad", ["2", "0,2", "a,b", (1, 2, 3), (1.5, 2), None])
+def test_bad_threads_have_one_text(bad):
+    with pytest.raises(WorkloadError, match="threads must be INTER,INTRA"):
+        checks.check_threads(bad)

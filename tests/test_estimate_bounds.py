@@ -40,6 +40,11 @@ def topological(order):
     return len(seen) == len(graph.ops)
 
 e = memfit.estimate(model, 16, samples=2)
+from memfit.backend.tf_kernels import assume_threads
+with assume_threads(2, 512):
+    other_machine = tf_trace.trace_step(Workload(model), 16)
+threaded = memfit.estimate(model, 16, samples=0, threads=(2, 512))
+after = tf_trace.trace_step(Workload(model), 16)
 none = memfit.estimate(model, 16, samples=0)
 emit({
     "likely": likely, "high": first.high_bytes, "samples": first.sample_bytes,
@@ -47,6 +52,9 @@ emit({
     "topological": [topological(o) for o in orders],
     "distinct_orders": len({tuple(o) for o in orders}),
     "estimate": e.to_dict(), "no_samples": none.to_dict(), "str": str(e),
+    "threads": [graph.inter_op_threads, other_machine.inter_op_threads, after.inter_op_threads],
+    "scratch": [sum(op.scratch_bytes for op in g.ops) for g in (graph, other_machine)],
+    "threaded_peak": threaded.peak_bytes,
 })
 """
 
@@ -83,6 +91,14 @@ def test_no_samples_leaves_the_bound_out(results):
     assert results["no_samples"]["peak_bytes"] == results["estimate"]["peak_bytes"]
 
 
+def test_threads_describe_another_machine_for_that_estimate_only(results):
+    # Pinned to one inter-op thread here; estimated for 2 inter-op and 512 intra-op threads.
+    assert results["threads"] == [1, 2, 1]
+    # The Conv2D backprop scratch follows the intra-op threads.
+    assert results["scratch"][1] != results["scratch"][0]
+    assert results["threaded_peak"] > 0
+
+
 def test_cli_shows_the_high_bound_and_takes_samples():
     proc = run_cli(
         "estimate", "factories:small_cnn", "-b", "4", "--no-what-ifs", "--samples", "1",
@@ -92,3 +108,6 @@ def test_cli_shows_the_high_bound_and_takes_samples():
     assert "high bound" in proc.stdout
     bad = run_cli("estimate", "factories:small_cnn", "-b", "4", "--samples", "-1")
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
+    bad = run_cli("estimate", "factories:small_cnn", "-b", "4", "--threads", "two")
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr
+    assert "threads must be INTER,INTRA" in bad.stderr

@@ -80,3 +80,24 @@ def check_margin(value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 <= value < 1:
         raise MemfitError(f"margin must be a share of the budget from 0 to below 1, got {value!r}")
     return float(value)
+
+
+def check_threads(value: Any) -> tuple[int, int]:
+    """Return thread counts `(inter, intra)` from a pair or an `"INTER,INTRA"` string.
+
+    Raises:
+        WorkloadError: "threads must be INTER,INTRA: two whole numbers of at least 1 (inter-op
+            and intra-op threads), got VALUE".
+    """
+    parts = value.split(",") if isinstance(value, str) else value
+    try:
+        inter, intra = (int(p) if isinstance(p, str) else p for p in parts)
+        return (
+            check_whole_number(inter, "inter-op threads"),
+            check_whole_number(intra, "intra-op threads"),
+        )
+    except (TypeError, ValueError, WorkloadError):
+        raise WorkloadError(
+            "threads must be INTER,INTRA: two whole numbers of at least 1 (inter-op and "
+            f"intra-op threads), got {value!r}"
+        ) from None

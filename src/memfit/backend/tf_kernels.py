@@ -12,8 +12,10 @@ region `temp`): see `conv_backprop_scratch_bytes`.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
+from collections.abc import Iterator
 from typing import Any
 
 # Ops whose output is a view of an input buffer (no allocation): output i aliases input i
@@ -173,11 +175,58 @@ def schedulable_cpus() -> int:
         return os.cpu_count() or 1
 
 
+# Thread counts assumed for another machine (`assume_threads`), else None: this process's.
+_assumed: tuple[int, int] | None = None
+
+
+@contextlib.contextmanager
+def assume_threads(inter: int, intra: int) -> Iterator[None]:
+    """Describe steps as a process with `inter` inter-op and `intra` intra-op threads runs them.
+
+    For an estimate of another machine: the replay's executor order follows `inter`, the
+    Conv2D backprop scratch follows `intra`. Applies to every thread of this process while
+    the context is open.
+
+    Args:
+        inter: inter-op threads (ops run at once).
+        intra: intra-op threads (threads inside one kernel).
+
+    Example:
+        ```python
+        with assume_threads(1, 8):
+            graph = tf_trace.trace_step(workload, 32)
+        ```
+    """
+    global _assumed
+    previous, _assumed = _assumed, (int(inter), int(intra))
+    try:
+        yield
+    finally:
+        _assumed = previous
+
+
 def intra_threads(tf: Any) -> int:
+    """Intra-op threads of the process the step is described for."""
+    if _assumed is not None:
+        return _assumed[1]
     configured = tf.config.threading.get_intra_op_parallelism_threads()
     return configured or schedulable_cpus()
 
 
 def inter_threads(tf: Any) -> int:
+    """Inter-op threads TensorFlow is set to (or assumed), before the CPUs cap them."""
+    if _assumed is not None:
+        return _assumed[0]
     configured = tf.config.threading.get_inter_op_parallelism_threads()
     return configured or schedulable_cpus()
+
+
+def concurrent_ops(tf: Any) -> int:
+    """Ops the runtime may run at once: its inter-op threads, at most the CPUs it may use.
+
+    More threads than CPUs interleave rather than run at once; assumed thread counts
+    (`assume_threads`) describe another machine and are taken as they are.
+    """
+    if _assumed is not None:
+        return _assumed[0]
+    return min(inter_threads(tf), schedulable_cpus())

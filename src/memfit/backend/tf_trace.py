@@ -30,10 +30,9 @@ from memfit.backend.tf_kernels import (
     ASSIGN_OPS,
     FORWARDING_OPS,
     NO_ALLOC_OPS,
+    concurrent_ops,
     conv_backprop_scratch_bytes,
-    inter_threads,
     intra_threads,
-    schedulable_cpus,
     xla_grouped_conv_scratch_bytes,
 )
 from memfit.backend.tf_layers import layer_tree, variable_owners
@@ -196,8 +195,7 @@ def start_trace(workload: Any, batch_size: int) -> TracedStep:
         variable_layers=variable_layers,
         layers=_layer_names(model),
         optimizer_name=str(getattr(model.optimizer, "name", "optimizer")),
-        # Ops run at once only on different CPUs: more threads than CPUs interleave.
-        inter_op_threads=min(inter_threads(tf), schedulable_cpus()),
+        inter_op_threads=concurrent_ops(tf),
         variable_temps=variable_temps,
         layer_tree=tree,
         batch_size=int(batch_size),

@@ -7,7 +7,7 @@ from typing import Any
 import click
 from rich.table import Table
 
-from memfit.checks import check_batch_size
+from memfit.checks import check_batch_size, check_threads
 from memfit.cli.options import (
     apply_budget,
     budget_options,
@@ -45,6 +45,12 @@ from memfit.sizes import format_size
     "bound; 0 leaves the bound out.",
 )
 @click.option(
+    "--threads",
+    metavar="INTER,INTRA",
+    help="Estimate for a machine whose TensorFlow runs INTER inter-op and INTRA intra-op "
+    "threads (default: what it runs here).",
+)
+@click.option(
     "--check", is_flag=True, help="Also measure the step (in a child process) and show the error."
 )
 @model_options
@@ -57,6 +63,7 @@ def estimate(
     remat: str | None,
     what_ifs: bool,
     samples: int,
+    threads: str | None,
     check: bool,
     input_shape: Any,
     classes: int | None,
@@ -77,6 +84,7 @@ def estimate(
     """
     check_model_spec(model)
     check_batch_size(batch_size)
+    assumed = check_threads(threads) if threads else None
     if precision == "float32":
         precision = None
     budget = apply_budget(memory, device)
@@ -104,6 +112,7 @@ def estimate(
             classes=classes,
             what_ifs=what_ifs,
             samples=samples,
+            threads=assumed,
             on_progress=report,
         )
         measured = None

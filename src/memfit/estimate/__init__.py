@@ -26,8 +26,9 @@ from typing import Any
 
 from memfit.attribution import KINDS
 from memfit.backend import tf as tfb
+from memfit.backend.tf_kernels import assume_threads
 from memfit.budget import Budget, as_budget, emulated_budget, emulated_memory_growth
-from memfit.checks import check_batch_size
+from memfit.checks import check_batch_size, check_threads
 from memfit.errors import WorkloadError
 from memfit.estimate.bounds import SAMPLES, peak_range
 from memfit.estimate.simulate import Replay, replay
@@ -258,6 +259,7 @@ def estimate(
     classes: int | None = None,
     what_ifs: bool = False,
     samples: int = SAMPLES,
+    threads: tuple[int, int] | None = None,
     on_progress: Callable[[str], None] | None = None,
 ) -> Estimate:
     """Predict the peak memory of one training step of `model` at `batch_size`, without running.
@@ -286,6 +288,8 @@ def estimate(
         samples: other processes to replay for the high bound (`Estimate.high_bytes`);
             0 leaves it out. What-ifs scale their high bound by the base step's
             high-to-likely ratio instead of sampling again.
+        threads: `(inter, intra)` thread counts of the machine to estimate for (default:
+            what TensorFlow uses in this process: as set, else one per CPU it may run on).
         on_progress: called with a short text at each phase.
 
     Returns:
@@ -320,21 +324,22 @@ def estimate(
             target = _load(model, input_shape, classes, precision, remat)
         return Workload(target, optimizer=optimizer, loss=loss, input_shape=input_shape, data=data)
 
-    started = time.perf_counter()
-    progress(f"tracing the step at batch {batch_size}")
-    workload = build()
-
     def sampled(done: int, total: int) -> None:
         progress(f"the high bound: process {done} of {total} replayed")
 
-    graph = _start_trace(workload, int(batch_size)).result()
-    traced = time.perf_counter() - started
-    result = _replayed(graph, workload, traced, started, samples=samples, on_sample=sampled)
-    result.budget = resolved
-    if what_ifs:
-        result.what_ifs = _what_ifs(
-            workload, result, graph, build, rebuild, optimizer, input_shape, progress
-        )
+    assumed = assume_threads(*check_threads(threads)) if threads else contextlib.nullcontext()
+    with assumed:
+        started = time.perf_counter()
+        progress(f"tracing the step at batch {batch_size}")
+        workload = build()
+        graph = _start_trace(workload, int(batch_size)).result()
+        traced = time.perf_counter() - started
+        result = _replayed(graph, workload, traced, started, samples=samples, on_sample=sampled)
+        result.budget = resolved
+        if what_ifs:
+            result.what_ifs = _what_ifs(
+                workload, result, graph, build, rebuild, optimizer, input_shape, progress
+            )
     result.estimate_seconds = time.perf_counter() - started
     return result
 
