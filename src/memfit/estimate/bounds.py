@@ -29,7 +29,7 @@ SAMPLES = 4
 # Warm-up steps before the measured ones in each sampled process: its allocator history.
 WARMUPS = 2
 # Measured steps in each sampled process (the highest counts, as `memfit.measure` reports).
-STEPS = 5
+STEPS = 3
 # Allowance above the highest sampled peak for histories and orders the samples miss,
 # measured on the accuracy benchmark (see docs/estimate.md, "The range").
 ALLOWANCE = 0.05
