@@ -336,3 +336,54 @@ def test_estimate_accuracy_cases_cover_both_groups_and_threadings() -> None:
         ("sgd", "default", 3),
         ("sgd", "pinned", 3),
     ]
+
+
+def test_reliability_arguments_rows_table_and_json(monkeypatch: pytest.MonkeyPatch) -> None:
+    from rich.console import Console
+
+    import bench.machine
+    from bench import reliability
+
+    full = reliability.parse_args([])
+    assert (full.quick, full.out, full.seed) == (False, None, 0)
+    assert full.parts == list(reliability.PARTS)
+    assert full.sizes.preemptions == full.sizes.kills == 10 and full.sizes.watch_steps == 2000
+    quick = reliability.parse_args(["--quick", "--out", "r.json", "--parts", "oom", "watch"])
+    assert quick.sizes is reliability.QUICK and quick.out == "r.json"
+    assert quick.parts == ["oom", "watch"]
+    with pytest.raises(SystemExit):
+        reliability.parse_args(["--parts", "everything"])
+
+    rows = [
+        reliability.row("oom", 20, 20, 301.26, "14 in the gradients", recoveries=[]),
+        reliability.row("kill9", 10, 9, 12.0, "one lost"),
+    ]
+    assert rows[0]["outcome"] == "survived" and rows[0]["lost"] == 0
+    assert rows[0]["seconds"] == 301.3 and rows[0]["recoveries"] == []
+    assert (rows[1]["outcome"], rows[1]["lost"]) == ("recoverable", 1)
+    with pytest.raises(ValueError, match="11 of 10"):
+        reliability.row("sigterm", 10, 11, 1.0, "")
+
+    console = Console(record=True, width=200)
+    console.print(reliability.table(rows))
+    text = console.export_text()
+    assert "20 survived" in text and "9 recoverable" in text and "301" in text
+
+    monkeypatch.setattr(bench.machine, "describe", lambda allocator=None: {"cpus": 2})
+    document = reliability.report(quick, rows, 400.0)
+    assert document["command"] == "python -m bench.reliability --quick"
+    assert document["sizes"]["kills"] == 3 and document["machine"] == {"cpus": 2}
+    assert [r["part"] for r in document["parts"]] == ["oom", "kill9"]
+    assert document["all_ok"] is False
+
+    # The children's output: the result line, the announced updates, the resume.
+    line = reliability.RESULT_MARK + '{"a": 1}'
+    assert reliability.parse_result(0, f"x\n{line}\n", "") == {"a": 1}
+    with pytest.raises(RuntimeError, match="child exited 1"):
+        reliability.parse_result(1, "", "Traceback")
+    stdout = "UPDATE 17\nUPDATE 18\n"
+    said = "memfit: resuming from /b/memfit-backup.npz at update 16 (epoch 2)"
+    assert reliability.resumed_at(stdout, said, 16)
+    assert not reliability.resumed_at(stdout, "", 16)  # it never said so
+    assert not reliability.resumed_at("UPDATE 1\n", said, 16)  # it started again
+    assert reliability.last_update(stdout) == 18
