@@ -208,6 +208,56 @@ def resolve_budget(
     return None
 
 
+def split_budget_list(value: str) -> list[str]:
+    """The parts of a comma-separated `--memory` / `--device` value, one per replica.
+
+    Example:
+        >>> split_budget_list("T4, L4")
+        ['T4', 'L4']
+
+    Raises:
+        MemfitError: a part is empty (`"T4,,L4"`, a trailing comma).
+    """
+    parts = [part.strip() for part in str(value).split(",")]
+    if not all(parts):
+        raise MemfitError(
+            f"{value!r} has an empty entry: give one budget per replica, separated by commas "
+            f"(e.g. T4,L4 or 15GiB,22GiB)"
+        )
+    return parts
+
+
+def resolve_budgets(memory: str | None = None, device: str | None = None) -> list[Budget]:
+    """One budget per replica from comma-separated `--memory` / `--device` values.
+
+    `--memory 15GiB,22GiB` or `--device T4,L4` name one budget per replica (a single value is
+    one budget); an empty list when neither is given.
+
+    Example:
+        >>> [b.name for b in resolve_budgets(device="T4,L4")]
+        ['T4', 'L4']
+    """
+    if memory is not None and device is not None:
+        raise MemfitError("give either --memory or --device, not both")
+    if memory is not None:
+        return [Budget.from_size(part) for part in split_budget_list(memory)]
+    if device is not None:
+        return [resolve_budget(device=part) for part in split_budget_list(device)]
+    return []
+
+
+def tightest_index(budgets: list[Budget]) -> int:
+    """Index of the budget with the fewest usable bytes (the first of equals): the replica
+    whose budget decides for all of them.
+
+    Raises:
+        MemfitError: no budget given.
+    """
+    if not budgets:
+        raise MemfitError("no budget given: name one per replica")
+    return min(range(len(budgets)), key=lambda i: budgets[i].usable_bytes)
+
+
 def as_budget(value: Budget | str | int | float | None) -> Budget | None:
     """Turn what a user passes as `budget=` into a Budget: a Budget, a size, or a card name."""
     if value is None or isinstance(value, Budget):
@@ -215,3 +265,24 @@ def as_budget(value: Budget | str | int | float | None) -> Budget | None:
     if isinstance(value, str) and value.strip() and value.strip()[0].isalpha():
         return resolve_budget(device=value)
     return Budget.from_size(value)
+
+
+def as_budgets(value: Any) -> list[Budget]:
+    """Turn what a user passes as `budget=` into one budget per replica given.
+
+    A list or tuple holds one budget per replica (each a `Budget`, size or card name); a
+    string with commas (`"T4,L4"`, `"15GiB,22GiB"`) too; any other value is one budget
+    (`as_budget`); None is none.
+
+    Example:
+        >>> [b.name for b in as_budgets(["T4", "16GiB"])]
+        ['T4', '16.00 GiB']
+    """
+    if value is None:
+        return []
+    if isinstance(value, (list, tuple)):
+        return [b for b in (as_budget(v) for v in value) if b is not None]
+    if isinstance(value, str) and "," in value:
+        return [b for b in map(as_budget, split_budget_list(value)) if b is not None]
+    resolved = as_budget(value)
+    return [resolved] if resolved is not None else []

@@ -1,9 +1,10 @@
 """Checks of the arguments memfit's analyses share, each with one error text.
 
-A batch size, a count (steps, repeats, micro-batches, the largest batch to try), the soak's
-steps and the margin (the share of the budget kept free) are checked here and nowhere else,
-so that `memfit.measure`, `estimate`, `find_batch_size`, `plan`, `fit`, the child processes
-and the CLI say the same thing about the same mistake. The margin's default lives here too.
+A batch size, a count (steps, repeats, micro-batches, the largest batch to try, replicas),
+the soak's steps and the margin (the share of the budget kept free) are checked here and
+nowhere else, so that `memfit.measure`, `estimate`, `find_batch_size`, `plan`, `fit`, the
+child processes and the CLI say the same thing about the same mistake. The margin's default
+lives here too.
 
 This module imports nothing of memfit but its errors, so any module may use it.
 """
@@ -60,6 +61,15 @@ def check_batch_size(value: Any, *, error: type[MemfitError] = WorkloadError) ->
             at least 1, got VALUE".
     """
     return check_whole_number(value, "batch size", minimum=1, error=error)
+
+
+def check_replicas(value: Any) -> int:
+    """Return a replica count (data-parallel copies of the model) as an int of at least 1.
+
+    Raises:
+        MemfitError: "replicas must be a whole number of at least 1, got VALUE".
+    """
+    return check_whole_number(value, "replicas", minimum=1, error=MemfitError)
 
 
 def check_soak_steps(value: Any) -> int:

@@ -17,6 +17,8 @@ from memfit.cli.options import (
     load_targets,
     margin_option,
     model_options,
+    replica_budget_specs,
+    replicas_option,
 )
 from memfit.cli.render import err, out, print_json
 from memfit.models import check_model_spec
@@ -43,6 +45,7 @@ from memfit.search import DEFAULT_SOAK_STEPS
     help="Load MODEL in this process too; the trials run on a saved copy in a child "
     "process (a model that cannot be saved is measured in this process).",
 )
+@replicas_option
 @model_options
 @budget_options
 @json_option
@@ -52,6 +55,7 @@ def batch(
     margin: float,
     soak_steps: int,
     in_process: bool,
+    replicas: int | None,
     input_shape: Any,
     classes: int | None,
     optimizer: str | None,
@@ -65,11 +69,15 @@ def batch(
     """Find the largest batch size of MODEL that fits the budget, by measuring.
 
     With --data, the trials use the dataset's largest samples, so the answer holds for all of
-    them. Without --memory or --device, the budget is this device's free memory.
+    them. Without --memory or --device, the budget is this device's free memory. With
+    --replicas N (or one budget per replica: --device T4,L4) the answer is the largest
+    per-replica batch under the tightest budget less the gradient all-reduce's buffer, and
+    the global batch (N x per-replica).
     """
     if max_batch is not None:
         checked(check_positive_int, max_batch, "max_batch", param_hint="'--max-batch'")
     check_model_spec(model)
+    memory, device, replicas = replica_budget_specs(memory, device, replicas)
     budget = apply_budget(memory, device) or Budget.from_device()
     from memfit.search import find_batch_size
 
@@ -97,6 +105,7 @@ def batch(
             on_trial=show,
             classes=classes,
             safe_mode=not unsafe,
+            replicas=replicas,
         )
     if as_json:
         print_json(result.to_dict())

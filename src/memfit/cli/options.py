@@ -2,8 +2,8 @@
 
 `--memory` / `--device` / `--memory-growth` (the budget to emulate), `--json`, the options that
 say how to build MODEL (`--input-shape`, `--classes`, `--optimizer`, `--loss`, `--data`,
-`--unsafe`) and `--margin`; `apply_budget` and `load_targets` turn their values into a budget,
-a model and a dataset.
+`--unsafe`), `--margin` and `--replicas`; `apply_budget`, `replica_budget_specs` and
+`load_targets` turn their values into a budget, a replica count, a model and a dataset.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 
 import click
 
-from memfit.budget import Budget, resolve_budget
+from memfit.budget import Budget, resolve_budget, resolve_budgets, split_budget_list, tightest_index
 from memfit.checks import DEFAULT_MARGIN, check_batch_size, check_margin
 from memfit.errors import MemfitError
 
@@ -187,3 +187,41 @@ def margin_option(help_text: str) -> Callable[[Callable[..., Any]], Callable[...
         callback=_margin,
         help=help_text,
     )
+
+
+def replicas_option(command: Callable[..., Any]) -> Callable[..., Any]:
+    """`--replicas N`: data-parallel replicas sharing the batch (`memfit.replicas`)."""
+    return click.option(
+        "--replicas",
+        type=int,
+        metavar="N",
+        help="Data-parallel replicas (tf.distribute) sharing the global batch; default 1, or "
+        "one per budget when --memory / --device list several (15GiB,22GiB or T4,L4): the "
+        "tightest decides.",
+    )(command)
+
+
+def replica_budget_specs(
+    memory: str | None, device: str | None, replicas: int | None
+) -> tuple[str | None, str | None, int]:
+    """`--memory` / `--device` reduced to the tightest replica's, and the replica count.
+
+    A comma-separated value names one budget per replica (`--device T4,L4`); the replica
+    count is `--replicas`, else the number of budgets, else 1, and they must agree.
+
+    Returns:
+        `(memory, device, replicas)`: the tightest budget as `--memory` / `--device` would
+        name it alone, and the count.
+
+    Raises:
+        MemfitError: an empty entry, an unknown card or size, or counts that disagree.
+    """
+    from memfit.replicas import replica_count
+
+    raw = memory if memory is not None else device
+    if raw is None or "," not in raw:
+        return memory, device, replica_count(replicas)
+    budgets = resolve_budgets(memory=memory, device=device)
+    count = replica_count(replicas, None, len(budgets))
+    tightest = split_budget_list(raw)[tightest_index(budgets)]
+    return (tightest, None, count) if memory is not None else (None, tightest, count)

@@ -14,10 +14,13 @@ from memfit.cli.options import (
     json_option,
     margin_option,
     model_options,
+    replica_budget_specs,
+    replicas_option,
 )
 from memfit.cli.render import err, out, print_json
 from memfit.models import check_model_spec
 from memfit.progress import candidate_line
+from memfit.replicas import per_replica_batch
 from memfit.sizes import format_size
 
 
@@ -55,6 +58,7 @@ from memfit.sizes import format_size
     "20 steps of memfit.fit in a fresh process, and one that needs a recovery gives way "
     "to the next).",
 )
+@replicas_option
 @model_options
 @budget_options
 @json_option
@@ -65,6 +69,7 @@ def plan(
     precisions: tuple[str, ...],
     remat_modes: tuple[str, ...],
     no_confirm: bool,
+    replicas: int | None,
     input_shape: Any,
     classes: int | None,
     optimizer: str | None,
@@ -82,8 +87,13 @@ def plan(
     budget, the fastest that fits wins, and it must train 20 steps of memfit.fit in a fresh
     process without a recovery. Precision and recompute are planned for factories and
     built-ins, which memfit can rebuild; for a .keras file only the number of micro-batches.
+    With --replicas N (or one budget per replica: --device T4,L4) --batch-size is the global
+    batch: the plan is each replica's K and micro-batch, under the tightest budget less the
+    gradient all-reduce's buffer.
     """
     check_model_spec(model)
+    memory, device, replicas = replica_budget_specs(memory, device, replicas)
+    per_replica_batch(batch_size, replicas)  # a global batch the replicas cannot share: say so now
     budget = resolve_budget(memory=memory, device=device) or Budget.from_device()
     from memfit.planning import plan as make_plan
 
@@ -106,11 +116,15 @@ def plan(
             classes=classes,
             safe_mode=not unsafe,
             confirm=not no_confirm,
+            replicas=replicas,
         )
     if as_json:
         print_json(result.to_dict())
     else:
-        table = Table(title=f"plan for batch {batch_size} in {format_size(budget.usable_bytes)}")
+        over = f" over {replicas} replicas ({batch_size // replicas} each)" if replicas > 1 else ""
+        table = Table(
+            title=f"plan for batch {batch_size}{over} in {format_size(result.budget.usable_bytes)}"
+        )
         columns = ("precision", "remat", "K", "micro-batch", "predicted", "peak", "s / batch")
         for column in (*columns, "how", ""):
             left = column in ("precision", "remat", "how")

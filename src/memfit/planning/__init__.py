@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from memfit.budget import Budget, as_budget, emulated_budget
+from memfit.budget import Budget, as_budgets, emulated_budget, tightest_index
 from memfit.checks import DEFAULT_MARGIN, check_batch_size, check_margin, check_positive_int
 from memfit.errors import MemfitError
 from memfit.planning.candidates import Candidate, Plan
@@ -40,6 +40,7 @@ from memfit.planning.strategy import (
 )
 from memfit.planning.trials import CONFIRM_OOM_GRACE
 from memfit.progress import Progress, shows_progress
+from memfit.replicas import allreduce_bytes, per_replica_batch, replica_budget, replica_count
 
 __all__ = [
     "CONFIRM_OOM_GRACE",
@@ -86,6 +87,8 @@ def plan(
     confirm: bool = True,
     confirm_steps: int = DEFAULT_CONFIRM_STEPS,
     progress: Progress = None,
+    replicas: int | None = None,
+    strategy: Any = None,
 ) -> Plan:
     """Plan K (micro-batches), precision and recompute for a target effective batch.
 
@@ -107,10 +110,17 @@ def plan(
     (`keras.applications.ResNet50`); for a model object or a `.keras` file only K is
     planned, and `note` says what a factory would add.
 
+    With several data-parallel replicas (`replicas`, a `strategy`, or one budget per
+    replica) `batch_size` is the global batch: each replica holds the whole model and
+    optimizer state and trains `batch_size / replicas` samples in K micro-batches, so the
+    plan is the single-device plan for that share under the tightest budget less the
+    gradient all-reduce's buffer (`memfit.replicas`).
+
     Args:
         model: a MODEL string, or a compiled Keras model (saved for the child; K only).
-        batch_size: the target effective batch.
-        budget: the budget (`Budget`, size, or card name); default the emulated one.
+        batch_size: the target effective batch (global, over all replicas).
+        budget: the budget (`Budget`, size, or card name), or a list of them, one per
+            replica (the tightest decides); default the emulated one.
         margin: share of the budget kept free (default 0.05).
         precisions: dtype policies to consider (default float32, mixed_float16,
             mixed_bfloat16 when the model can be rebuilt; float32 otherwise).
@@ -130,6 +140,9 @@ def plan(
         progress: a spinner and one line per candidate on stderr, as the CLI shows them;
             default on when stderr is a terminal and no `on_candidate` is given; False turns
             it off, a callable receives each `Candidate` instead (`memfit.progress`).
+        replicas: data-parallel replicas sharing `batch_size` (default 1, or the strategy's,
+            or one per budget given); `batch_size` must be divisible by it.
+        strategy: a `tf.distribute` strategy whose `num_replicas_in_sync` gives `replicas`.
 
     Returns:
         A `Plan`; build the model in `plan.build_scope()` and pass the plan to
@@ -139,6 +152,7 @@ def plan(
         ```python
         p = memfit.plan("keras.applications.ResNet50", 256, "T4", input_shape=(224, 224, 3))
         print(p.summary())
+        two = memfit.plan("mypkg.models:build", 256, ["T4", "L4"])  # 2 replicas, 128 each
         ```
     """
     from memfit.isolate import check_child_arguments, save_for_child
@@ -147,7 +161,10 @@ def plan(
     batch_size = check_batch_size(batch_size)
     confirm_steps = check_positive_int(confirm_steps, "confirm_steps")
     check_margin(margin)
-    resolved = as_budget(budget) or emulated_budget()
+    budgets = as_budgets(budget)
+    n = replica_count(replicas, strategy, len(budgets))
+    per_replica = per_replica_batch(batch_size, n)
+    resolved = budgets[tightest_index(budgets)] if budgets else emulated_budget()
     if resolved is None:
         raise MemfitError(
             "no budget to plan for: pass budget= (a size or card), or emulate one with "
@@ -174,10 +191,16 @@ def plan(
     remat_modes = list(remat_modes or (REMAT_MODES if rebuildable else (None,)))
     configs = [(p, r) for p in precisions for r in remat_modes]
     started = time.perf_counter()
+    buffer = 0
+    if n > 1:
+        buffer = allreduce_bytes(
+            model, input_shape=input_shape, classes=classes, safe_mode=safe_mode
+        )
+        resolved = replica_budget(resolved, buffer, n)
     with tempfile.TemporaryDirectory(prefix="memfit-plan-") as tmp:
         spec = model if isinstance(model, str) else save_for_child(model, tmp)
         planner = Planner(
-            batch_size,
+            per_replica,
             resolved,
             limit_bytes(resolved.usable_bytes, margin),
             child_args={
@@ -196,7 +219,7 @@ def plan(
     notes = [n for n in (note, planner.skipped_note()) if n]
     result = Plan(
         batch_size=batch_size,
-        micro_batches=chosen.micro_batches if chosen else batch_size,
+        micro_batches=chosen.micro_batches if chosen else per_replica,
         micro_batch_size=chosen.micro_batch_size if chosen else 1,
         precision=chosen.precision if chosen else precisions[0],
         remat=chosen.remat if chosen else None,
@@ -210,5 +233,7 @@ def plan(
         seconds=time.perf_counter() - started,
         confirmed=True if chosen is not None and confirm else False if how else None,
         confirmation=how,
+        replicas=n,
+        allreduce_bytes=buffer,
     )
     return result

@@ -74,9 +74,10 @@ class Plan:
     """The configuration `memfit.fit` should train with, and what it was chosen from.
 
     Attributes:
-        batch_size: the effective batch (samples per optimizer update).
-        micro_batches: K, micro-batches per step (`accumulation_steps`).
-        micro_batch_size: samples per micro-batch.
+        batch_size: the effective batch (samples per optimizer update), global: over all
+            replicas.
+        micro_batches: K, micro-batches per step (`accumulation_steps`) on each replica.
+        micro_batch_size: samples per micro-batch on each replica.
         precision: dtype policy to build the model under.
         remat: `keras.RematScope` mode to build the model under, or None.
         peak_bytes: measured peak of the chosen step.
@@ -89,6 +90,11 @@ class Plan:
         confirmed: True when the chosen configuration trained `confirm_steps` steps of
             `memfit.fit` in a fresh process without a recovery; None when not confirmed.
         confirmation: how the plan was confirmed, for people.
+        replicas: data-parallel replicas sharing `batch_size` (1: one device); each trains
+            `batch_size / replicas` samples in K micro-batches, under `budget` (the tightest
+            replica's, less `allreduce_bytes`).
+        allreduce_bytes: the gradient all-reduce's extra buffer on each replica, kept off
+            the budget (0 with one replica).
     """
 
     batch_size: int
@@ -106,6 +112,13 @@ class Plan:
     seconds: float = 0.0
     confirmed: bool | None = None
     confirmation: str = ""
+    replicas: int = 1
+    allreduce_bytes: int = 0
+
+    @property
+    def per_replica_batch_size(self) -> int:
+        """Samples each replica trains per update: `batch_size / replicas`."""
+        return self.batch_size // self.replicas
 
     @contextlib.contextmanager
     def build_scope(self) -> Iterator[None]:
@@ -145,6 +158,9 @@ class Plan:
         """JSON-ready dict (sizes in bytes, times in seconds)."""
         return {
             "batch_size": self.batch_size,
+            "replicas": self.replicas,
+            "per_replica_batch_size": self.per_replica_batch_size,
+            "allreduce_bytes": self.allreduce_bytes,
             "micro_batch_size": self.micro_batch_size,
             "accumulation_steps": self.accumulation_steps,
             "micro_batches": self.micro_batches,
@@ -181,6 +197,16 @@ class Plan:
             if self.micro_batches > 1
             else "no split"
         )
+        if self.replicas > 1:
+            uneven = self.micro_batches * self.micro_batch_size != self.per_replica_batch_size
+            split = (
+                f"per-replica micro-batch {self.micro_batch_size}, K={self.micro_batches}, "
+                f"global effective batch {self.batch_size} ({self.replicas} replicas x "
+                f"{self.micro_batches} x {self.micro_batch_size}"
+                + (", the last micro-batch smaller" if uneven else "")
+                + f"; {format_size(self.allreduce_bytes)} kept per replica for the gradient "
+                f"all-reduce)"
+            )
         text = (
             f"batch {self.batch_size}: {split}, {self.precision}"
             + (f", remat {self.remat}" if self.remat else "")

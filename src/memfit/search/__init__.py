@@ -13,10 +13,11 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from memfit.budget import Budget, as_budget, emulated_budget
+from memfit.budget import Budget, as_budgets, emulated_budget, tightest_index
 from memfit.checks import DEFAULT_MARGIN, check_margin, check_positive_int, check_soak_steps
 from memfit.errors import MemfitError
 from memfit.progress import Progress, shows_progress
+from memfit.replicas import allreduce_bytes, replica_budget, replica_count
 from memfit.search import strategy
 from memfit.search.strategy import (
     CALIBRATION_GROWTH,
@@ -92,6 +93,10 @@ class BatchSearchResult:
         decided_in: `"child_process"` (the trials ran in a child process, replaced after an
             OOM) or `"this_process"` (the model could not be saved for a child).
         soak_steps: measured steps the answer trained before it was given (0: not soaked).
+        replicas: data-parallel replicas the batch is for; `batch_size` is then each
+            replica's batch and `budget` the tightest replica's, less `allreduce_bytes`.
+        allreduce_bytes: the gradient all-reduce's extra buffer on each replica, kept off
+            the budget (0 with one replica).
     """
 
     @property
@@ -121,6 +126,13 @@ class BatchSearchResult:
     seconds: float = 0.0
     decided_in: str = "child_process"
     soak_steps: int = 0
+    replicas: int = 1
+    allreduce_bytes: int = 0
+
+    @property
+    def global_batch_size(self) -> int:
+        """The global batch: each replica's `batch_size` times `replicas`."""
+        return self.batch_size * self.replicas
 
     @property
     def headroom_bytes(self) -> int | None:
@@ -152,6 +164,9 @@ class BatchSearchResult:
             "soak_steps": self.soak_steps,
             "confirmed_by": self.confirmed_by,
             "search_seconds": self.seconds,
+            "replicas": self.replicas,
+            "global_batch_size": self.global_batch_size,
+            "allreduce_bytes": self.allreduce_bytes,
         }
 
     def summary(self) -> str:
@@ -163,8 +178,15 @@ class BatchSearchResult:
                 f"`memfit plan` to see what would make it fit (mixed precision, recompute, "
                 f"a smaller input)."
             )
+        replicas = (
+            f" per replica, global batch {self.global_batch_size} over {self.replicas} "
+            f"replicas ({self.replicas} x {self.batch_size}; "
+            f"{format_size(self.allreduce_bytes)} kept per replica for the gradient all-reduce)"
+            if self.replicas > 1
+            else ""
+        )
         text = (
-            f"largest batch: {self.batch_size} (peak {format_size(self.peak_bytes)}, "
+            f"largest batch: {self.batch_size}{replicas} (peak {format_size(self.peak_bytes)}, "
             f"{format_size(self.headroom_bytes)} headroom in "
             f"{format_size(self.budget.usable_bytes)} with a {self.margin:.0%} margin; "
             f"{len(self.trials)} trials)"
@@ -210,6 +232,8 @@ def find_batch_size(
     classes: int | None = None,
     safe_mode: bool = True,
     progress: Progress = None,
+    replicas: int | None = None,
+    strategy: Any = None,
 ) -> BatchSearchResult:
     """Find the largest batch size whose training step fits the budget, from measurements.
 
@@ -262,9 +286,16 @@ def find_batch_size(
         progress: a spinner and one line per trial on stderr, as the CLI shows them; default
             on when stderr is a terminal and no `on_trial` is given; False turns it off, a
             callable receives each `Trial` instead (`memfit.progress`).
+        replicas: data-parallel replicas (default 1, or the strategy's, or one per budget
+            when `budget` is a list). Each replica holds the whole model and optimizer state
+            and runs the step on its share of the global batch, so the search finds the
+            largest per-replica batch under the tightest budget less the gradient
+            all-reduce's buffer (`memfit.replicas`); `max_batch` is per replica.
+        strategy: a `tf.distribute` strategy whose `num_replicas_in_sync` gives `replicas`.
 
     Returns:
-        A `BatchSearchResult`; `batch_size == 0` when even batch 1 does not fit.
+        A `BatchSearchResult`; `batch_size == 0` when even batch 1 does not fit. With
+        several replicas `batch_size` is each replica's and `global_batch_size` the global.
 
     Example:
         ```python
@@ -272,19 +303,29 @@ def find_batch_size(
         model = build_model()                      # compiled
         result = memfit.find_batch_size(model)
         print(result.batch_size, result.summary())
+        two = memfit.find_batch_size(model, ["T4", "L4"])   # one budget per replica
+        print(two.batch_size, two.global_batch_size)
         ```
     """
     margin = check_margin(margin)
     if max_batch is not None:
         max_batch = check_positive_int(max_batch, "max_batch")
     soak_steps = check_soak_steps(soak_steps)
-    resolved = as_budget(budget) or emulated_budget()
+    budgets = as_budgets(budget)
+    n = replica_count(replicas, strategy, len(budgets))
+    resolved = budgets[tightest_index(budgets)] if budgets else emulated_budget()
     if resolved is None:
         raise MemfitError(
             "no budget to search against: pass budget= (a size or card), or emulate one with "
             "memfit.emulate() / --memory / --device"
         )
     started = time.perf_counter()
+    buffer = 0
+    if n > 1:
+        buffer = allreduce_bytes(
+            model, input_shape=input_shape, classes=classes, safe_mode=safe_mode
+        )
+        resolved = replica_budget(resolved, buffer, n)
     runner = TrialRunner(
         model,
         resolved,
@@ -301,6 +342,7 @@ def find_batch_size(
         result = _search(runner, resolved, max_batch, margin, soak_steps, on_trial)
     finally:
         runner.close()
+    result.replicas, result.allreduce_bytes = n, buffer
     result.seconds = time.perf_counter() - started
     return result
 
