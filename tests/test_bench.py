@@ -361,6 +361,8 @@ def test_reliability_arguments_rows_table_and_json(monkeypatch: pytest.MonkeyPat
     assert rows[0]["outcome"] == "survived" and rows[0]["lost"] == 0
     assert rows[0]["seconds"] == 301.3 and rows[0]["recoveries"] == []
     assert (rows[1]["outcome"], rows[1]["lost"]) == ("recoverable", 1)
+    assert reliability.planned(reliability.QUICK, "kill9") == 3
+    assert reliability.planned(reliability.FULL, "watch") == 1
     with pytest.raises(ValueError, match="11 of 10"):
         reliability.row("sigterm", 10, 11, 1.0, "")
 
