@@ -205,13 +205,16 @@ def execution_order(graph: Any, seed: float | None = None) -> list[int]:
     return single_thread_order(preds, edges, cheap)
 
 
-def _run(
-    graph: Any,
-    bfc: BFC,
-    variables: dict[str, int] | None = None,
-    order: list[int] | None = None,
-    seed: float | None = None,
-) -> Replay:
+def _structure(graph: Any) -> tuple[Any, ...]:
+    """What every replay of `graph` reads and none changes, made once per graph.
+
+    Op index by name, each tensor's consumers, each op's predecessors and successors, phase
+    and layer, and the tensors the optimizer's ops read (gradients). A sampled process
+    replays the same graph many times (`memfit.estimate.bounds`): this is built once.
+    """
+    cached = graph.__dict__.get("_replay_structure")
+    if cached is not None:
+        return cached
     ops = graph.ops
     index = {op.name: i for i, op in enumerate(ops)}
     producer = {}
@@ -232,11 +235,6 @@ def _run(
     for i, ps in enumerate(preds):
         for p in ps:
             succs[p].append(i)
-    if seed is not None and order is None:
-        # Several inter-op threads: which of the ops made ready together runs first is a race.
-        shuffle = random.Random(seed).shuffle
-        for s in succs:
-            shuffle(s)
     phases = [phase_of(op.name, op.type, graph.optimizer_name) for op in ops]
     tree = getattr(graph, "layer_tree", None)
     layers = [tree.layer_of(op.name) if tree else layer_of(op.name, graph.layers) for op in ops]
@@ -245,6 +243,26 @@ def _run(
     for i, op in enumerate(ops):
         if phases[i] == "update":
             feeds_update.update(op.inputs)
+    structure = (index, dict(consumers), preds, succs, phases, layers, feeds_update)
+    graph.__dict__["_replay_structure"] = structure
+    return structure
+
+
+def _run(
+    graph: Any,
+    bfc: BFC,
+    variables: dict[str, int] | None = None,
+    order: list[int] | None = None,
+    seed: float | None = None,
+) -> Replay:
+    ops = graph.ops
+    index, consumers, preds, succs, phases, layers, feeds_update = _structure(graph)
+    if seed is not None and order is None:
+        # Several inter-op threads: which of the ops made ready together runs first is a race.
+        shuffle = random.Random(seed).shuffle
+        succs = [list(s) for s in succs]
+        for s in succs:
+            shuffle(s)
 
     pending = {name: len(c) for name, c in consumers.items()}
     fetched = set(graph.fetches)
