@@ -59,7 +59,8 @@ class Sizes:
     Attributes:
         resolutions: the input sizes of run 1's dataset, in order (2 batches of 16 each).
         apply_ooms: updates (from 0) whose optimizer update runs out of memory in run 1.
-        epochs: epochs of run 1 (K is kept per shape: later epochs add no OOM).
+        epochs: epochs of run 1 (K is kept per shape, but under this tight budget a shape
+            can need a larger K in a later epoch: those OOMs count too).
         preemptions: SIGTERMs in run 2.
         kills: `kill -9`s mid-write in run 3.
         train_epochs: epochs of runs 2 and 3 (16 updates each).
