@@ -267,3 +267,119 @@ emit(errors)
     for name, message in result.items():
         if name not in ("untouched", "handler_after", "kept"):
             assert message and "\n" not in message, (name, message)
+
+
+def _worker_cluster(
+    tmp_path: Path, name: str, backup_dir: Path, ready_at: int
+) -> dict[int, subprocess.Popen]:
+    """Start the two loopback workers of `backup_worker.py`; output goes to files."""
+    import socket
+
+    sockets = [socket.socket() for _ in range(2)]
+    for s in sockets:
+        s.bind(("localhost", 0))
+    ports = [s.getsockname()[1] for s in sockets]
+    for s in sockets:
+        s.close()
+    cluster = {"worker": [f"localhost:{port}" for port in ports]}
+    procs = {}
+    for task in range(2):
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("MEMFIT_", "TF_CPU"))}
+        env["TF_CPP_MIN_LOG_LEVEL"] = "2"
+        env["TF_CONFIG"] = json.dumps(
+            {"cluster": cluster, "task": {"type": "worker", "index": task}}
+        )
+        with (
+            open(tmp_path / f"{name}{task}.out", "w") as out,
+            open(tmp_path / f"{name}{task}.err", "w") as err,
+        ):
+            procs[task] = subprocess.Popen(
+                [
+                    sys.executable,
+                    os.path.join(TESTS, "backup_worker.py"),
+                    str(backup_dir),
+                    str(tmp_path / f"{name}{task}.npz"),
+                    str(ready_at),
+                ],
+                env=env,
+                stdout=out,
+                stderr=err,
+                stdin=subprocess.DEVNULL,
+            )
+    return procs
+
+
+def _finish(procs: dict[int, subprocess.Popen], tmp_path: Path, name: str) -> list[tuple]:
+    """Wait (60 s at most: a hung collective fails the test) for both workers; their
+    (exit status, stdout, stderr)."""
+    out = []
+    for task, proc in procs.items():
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            for p in procs.values():
+                p.kill()
+                p.wait()
+            pytest.fail(
+                f"{name} worker {task} hung: {(tmp_path / f'{name}{task}.err').read_text()[-1500:]}"
+            )
+        text = (
+            (tmp_path / f"{name}{task}.out").read_text(),
+            (tmp_path / f"{name}{task}.err").read_text(),
+        )
+        out.append((proc.returncode, *text))
+    if not any("STRATEGY-UP" in stdout for _, stdout, _ in out):
+        pytest.skip(f"MultiWorkerMirroredStrategy cannot start here: {out[0][2][-500:]}")
+    return out
+
+
+def _npz_weights(path: Path) -> np.ndarray:
+    with np.load(path) as saved:
+        names = sorted(saved.files, key=lambda name: int(name.split("_")[1]))
+        return np.concatenate([saved[name].ravel() for name in names]).astype(np.float64)
+
+
+@pytest.mark.slow
+def test_sigterm_to_one_worker_stops_all_at_one_update_and_resumes(tmp_path: Path) -> None:
+    # Two workers (MultiWorkerMirroredStrategy, loopback): SIGTERM reaches only worker 1 (not
+    # the chief) at update 4; both stop after update 4, the chief writes the checkpoint, both
+    # resume from it and finish 12 updates with the weights of an uninterrupted 2-worker run.
+    backup = tmp_path / "backup"
+    procs = _worker_cluster(tmp_path, "cut", backup, ready_at=4)
+    ready = Path(f"{backup}.ready-1")
+    for _ in range(600):
+        if ready.exists() or procs[1].poll() is not None:
+            break
+        time.sleep(0.1)
+    assert ready.exists(), (tmp_path / "cut1.err").read_text()[-2000:]
+    procs[1].send_signal(signal.SIGTERM)
+    Path(f"{backup}.sent").touch()
+    cut = _finish(procs, tmp_path, "cut")
+    # The line (printed, and logged by the worker's handler too): the same on both workers.
+    lines = [{ln for ln in err.splitlines() if "memfit: preempted" in ln} for _, _, err in cut]
+    assert [rc for rc, _, _ in cut] == [PREEMPTED_EXIT_CODE] * 2, [err[-2000:] for *_, err in cut]
+    assert len(lines[0]) == 1 and lines[0] == lines[1], lines
+    assert "after update 4 (epoch 1, batch 4 of 6)" in next(iter(lines[0]))
+    assert os.listdir(backup) == [BACKUP_FILE]  # the chief's only, no temporary left
+    checkpoint = read_checkpoint(backup)
+    assert checkpoint is not None and checkpoint.reason == "preempted"
+    assert (checkpoint.updates, checkpoint.epoch, checkpoint.step) == (4, 0, 4)
+    assert len(checkpoint.variables) == len(checkpoint.names) > 4
+
+    resumed = _finish(_worker_cluster(tmp_path, "resume", backup, -1), tmp_path, "resume")
+    reference = _finish(_worker_cluster(tmp_path, "ref", tmp_path / "ref", -1), tmp_path, "ref")
+    for rc, stdout, err in resumed + reference:
+        assert rc == 0 and "RESULT " in stdout, err[-2000:]
+    assert all(
+        "resuming from" in stdout + err and "at update 4" in stdout + err
+        for _, stdout, err in resumed
+    )
+    results = [json.loads(out.split("RESULT ")[-1]) for _, out, _ in resumed + reference]
+    assert [r["iterations"] for r in results] == [12] * 4
+    assert results[0]["micro_batches"] == results[2]["micro_batches"]
+    # The interrupted epoch's loss too: its running metrics were restored on both workers.
+    np.testing.assert_allclose(results[0]["loss"], results[2]["loss"], rtol=1e-5)
+    w = [_npz_weights(tmp_path / f"{n}.npz") for n in ("resume0", "resume1", "ref0")]
+    assert np.array_equal(w[0], w[1])
+    assert np.linalg.norm(w[0] - w[2]) / np.linalg.norm(w[2]) < 1e-5
+    assert not backup.exists()  # the completed run removed it

@@ -33,6 +33,16 @@ a `tf.data.Dataset` that is not shuffled, or shuffled with a fixed seed and
 `reshuffle_each_iteration=False`. Arrays shuffled without a seed are shuffled anew by the new
 process: the resumed epoch still trains the right number of updates, but over a new
 permutation (memfit warns).
+
+**Several workers** (`MultiWorkerMirroredStrategy`): after each update (and at each epoch's
+end) every worker votes whether it was sent SIGTERM (`Agreement.any`, one tiny collective), so a
+SIGTERM that reaches any one worker stops all of them after the same update. Their states are
+equal then (the all-reduce and the OOM votes see to it), so only the chief (task 0 of
+`"worker"`, `strategy.extended.should_checkpoint`) writes the checkpoint; the other workers
+write nothing (TensorFlow's multi-worker Keras, `distributed_file_utils`, has them write to a
+`workertemp_N` directory it then removes). A last vote waits for the chief's write, then every
+worker prints the same line and exits 143. Every worker is then started again with the same
+`backup_dir` (a shared filesystem, or one machine's directory) and resumes at the same update.
 """
 
 from __future__ import annotations
@@ -56,6 +66,7 @@ from typing import Any
 import numpy as np
 
 from memfit.backend import tf as tfb
+from memfit.distributed import Agreement
 from memfit.errors import BackupError, MemfitWarning
 
 logger = logging.getLogger("memfit")
@@ -272,6 +283,8 @@ class Backup:
         self._signalled: int | None = None
         self._stopped = False  # exited for the signal
         self._metrics_pending = False  # the resumed epoch's metrics wait for the first step
+        self.agreement: Agreement | None = None  # the workers' votes (inactive in one process)
+        self.chief = True  # this process writes the checkpoint
 
     # -- before fit ---------------------------------------------------------------------------
     def prepare(
@@ -295,7 +308,9 @@ class Backup:
             initial_epoch: the epoch to start at without a checkpoint.
         """
         self.model, self.step = model, step
-        _check_one_process(model.distribute_strategy)
+        strategy = model.distribute_strategy
+        self.agreement = Agreement(strategy)
+        self.chief = bool(getattr(strategy.extended, "should_checkpoint", True))
         self.watch = next((c for c in callbacks or [] if _is_watch(c)), None)
         _check_resumable_data(x, steps_per_epoch)
         checkpoint = self.resumed
@@ -481,14 +496,14 @@ class Backup:
     def _batch_end(self, steps: int | None) -> None:
         self.batch += 1
         self._since_save += 1
-        if self._signalled is not None:
+        if self._stop_voted():
             self._preempted(steps)
         if self.save_freq != "epoch" and self._since_save >= self.save_freq:
             self.save("updates")
 
     def _epoch_end(self, epoch: int) -> None:
         self.epoch, self.batch = epoch + 1, 0
-        if self._signalled is not None:
+        if self._stop_voted():
             self._preempted(None)
         if self.save_freq == "epoch":
             self.save("epoch")
@@ -496,11 +511,34 @@ class Backup:
     def _train_end(self) -> None:
         if self.keep:
             self.save("end")
-        else:
+        elif self.chief:
             remove_checkpoint(self.backup_dir)
 
+    def _stop_voted(self) -> bool:
+        """Whether this worker, or any other (a vote under several workers), was signalled."""
+        signalled = self._signalled is not None
+        if self.agreement is None or not self.agreement.active:
+            return signalled
+        return self.agreement.any(signalled, "the vote on stopping for a SIGTERM")
+
     def _preempted(self, steps: int | None) -> None:
-        path = self.save("preempted")
+        failure: BaseException | None = None
+        try:
+            path = self.save("preempted")
+        except Exception as exc:  # the others must still hear of it, or they wait for ever
+            failure, path = exc, os.path.join(self.backup_dir, BACKUP_FILE)
+        if self.agreement is not None and self.agreement.active:
+            # Nobody exits before the chief's checkpoint is whole (or known to have failed).
+            failed = self.agreement.any(failure is not None, "the vote after the checkpoint")
+            if failed and failure is None:
+                self._stopped = True
+                raise BackupError(
+                    f"preempted, but the chief worker could not write the checkpoint {path} "
+                    f"(its own error is in its log): the job cannot resume from this stop"
+                )
+        if failure is not None:
+            self._stopped = True
+            raise failure
         name = signal.Signals(self._signalled or signal.SIGTERM).name
         where = (
             f"epoch {self.epoch + 1}, batch {self.batch}" + (f" of {steps}" if steps else "")
@@ -519,7 +557,12 @@ class Backup:
 
     # -- the checkpoint -----------------------------------------------------------------------
     def save(self, reason: str) -> str:
-        """Write the current state as the checkpoint; returns its path."""
+        """Write the current state as the checkpoint; returns its path.
+
+        Under several workers every worker reads the state (reading a metric's variable is a
+        collective there: all take part, in the same order), and only the chief writes it; the
+        others return the path it writes.
+        """
         model, optimizer = self.model, self.step.optimizer
         variables = state_variables(model, optimizer)
         checkpoint = Checkpoint(
@@ -536,6 +579,8 @@ class Backup:
             watch=self._watch_state(),
         )
         self._since_save = 0
+        if not self.chief:
+            return os.path.join(self.backup_dir, BACKUP_FILE)
         return write_checkpoint(self.backup_dir, checkpoint)
 
     def _watch_state(self) -> dict[str, Any] | None:
@@ -596,18 +641,6 @@ def _check_resumable_data(x: Any, steps_per_epoch: int | None) -> None:
             "backup_dir needs data it can go through again from the start each epoch, not a "
             "Python generator: pass arrays, a tf.data.Dataset or a keras.utils.PyDataset"
         )
-
-
-def _check_one_process(strategy: Any) -> None:
-    """Refuse a multi-worker strategy: every worker would write the same checkpoint."""
-    tf = tfb.import_tf()
-    if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
-        local = max(1, len(strategy.extended.worker_devices))
-        if strategy.num_replicas_in_sync > local:
-            raise BackupError(
-                "backup_dir works in one process (one or several local replicas), not yet "
-                "with several workers (MultiWorkerMirroredStrategy): leave backup_dir out there"
-            )
 
 
 def _is_dataset(x: Any) -> bool:

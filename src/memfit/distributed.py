@@ -117,6 +117,35 @@ class Agreement:
             raise self.collective_failed(exc, "the vote on an out-of-memory decision") from None
         return Verdict(int(result[0]), int(result[1]), bool(result[2]))
 
+    def any(self, flag: bool, what: str) -> bool:
+        """Whether `flag` is set on any worker (on one process: `flag` itself).
+
+        Every worker must call it at the same point (it is a collective, one more vote).
+
+        Args:
+            flag: this worker's flag (say, "I was sent SIGTERM").
+            what: what the vote is about, for the error when it fails.
+
+        Raises:
+            DistributedError: the vote itself failed (another worker is gone).
+
+        Example:
+            ```python
+            stop = agreement.any(signalled, "the vote on stopping for a SIGTERM")
+            ```
+        """
+        if not self.active:
+            return bool(flag)
+        tf = tfb.import_tf()
+        if self._vote_fn is None:
+            self._vote_fn = self._make_vote_fn()
+        mine = tf.constant([0, 0, int(bool(flag))], dtype=tf.float32)
+        try:
+            result = self.strategy.experimental_local_results(self._vote_fn(mine))[0].numpy()
+        except Exception as exc:
+            raise self.collective_failed(exc, what) from None
+        return bool(result[2])
+
     def abandon(self) -> None:
         """Tell the other workers that this one cannot go on (before it raises its error).
 
