@@ -49,13 +49,15 @@ from memfit.errors import (
 )
 from memfit.estimate import Estimate, estimate
 from memfit.explain import Explanation
-from memfit.fit import FitSummary, GuardedStep, Recovery, fit
+from memfit.guarded_step import GuardedStep
 from memfit.measure import Measurement, measure, measure_many
 from memfit.models import load_model
 from memfit.planning import Candidate, Plan, plan
 from memfit.recompute import Recompute, RecomputeReport, recompute
+from memfit.recovery import FitSummary, Recovery
 from memfit.search import BatchSearchResult, Trial, find_batch_size
 from memfit.sizes import format_size, parse_size
+from memfit.training import fit
 from memfit.watch import WatchFinding
 from memfit.workload import Workload
 

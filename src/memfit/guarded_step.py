@@ -1,98 +1,38 @@
-"""Fit: `model.fit` that keeps the effective batch, splits steps that do not fit, survives OOM."""
+"""The guarded step: one training step that splits into micro-batches and survives OOM.
+
+`GuardedStep` is the step `memfit.fit` installs as the model's train function, and the step a
+custom (GradientTape) loop calls once per batch. It computes a batch's gradients in K
+micro-batches (`memfit.accumulate`), applies them in one optimizer update, and on
+`ResourceExhaustedError` puts back what the failed attempt changed and retries with twice the
+micro-batches. Under a multi-worker strategy every worker takes each decision together
+(`memfit.distributed`).
+"""
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import logging
-import os
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
 
 from memfit.accumulate import AccumulatingStep
 from memfit.backend import tf as tfb
-from memfit.backup import Backup
 from memfit.budget import as_budget, emulated_budget
-from memfit.checks import check_batch_size, check_positive_int
-from memfit.distributed import (
-    CANNOT_GO_ON,
-    OUT_OF_MEMORY,
-    WENT_THROUGH,
-    Agreement,
-    fix_keras_multi_worker_build,
-)
+from memfit.checks import check_positive_int
+from memfit.distributed import CANNOT_GO_ON, OUT_OF_MEMORY, WENT_THROUGH, Agreement
 from memfit.errors import MemfitError
+from memfit.recovery import FitSummary, Recovery
 from memfit.sizes import format_size
 
 logger = logging.getLogger("memfit")
 
+
 # Guard the optimizer update (snapshot the state it changes) while its own peak leaves less
 # than this share of the budget free, or is not known yet.
 APPLY_GUARD_HEADROOM = 0.2
-
-
-@dataclass
-class Recovery:
-    """One out-of-memory error a step recovered from.
-
-    Attributes:
-        update: the optimizer update being computed (its iteration count before the step).
-        epoch: the epoch (from 0), when known.
-        input_shapes: shapes of the batch's inputs.
-        phase: `"gradients"` (forward/backward) or `"apply"` (the optimizer update).
-        old_micro_batches, new_micro_batches: K before and after.
-        peak_bytes: the device's peak when the error struck, when known.
-        seconds: from the error to the step completed with the new K.
-        trace_seconds: of `seconds`, the time spent tracing the step for the new K.
-        message: TensorFlow's error, first line.
-        elsewhere: another worker (of a multi-worker strategy) ran out of memory, and this
-            one retried with it.
-    """
-
-    update: int
-    epoch: int | None
-    input_shapes: list[list[int]]
-    phase: str
-    old_micro_batches: int
-    new_micro_batches: int
-    peak_bytes: int | None
-    seconds: float = 0.0
-    trace_seconds: float = 0.0
-    message: str = ""
-    elsewhere: bool = False
-
-    def __str__(self) -> str:
-        where = f"epoch {self.epoch + 1}, " if self.epoch is not None else ""
-        peak = f", peak {format_size(self.peak_bytes)}" if self.peak_bytes else ""
-        whose = " on another worker" if self.elsewhere else ""
-        return (
-            f"out of memory{whose} in the {self.phase} of update {self.update + 1} ({where}batch "
-            f"{'x'.join(map(str, self.input_shapes[0]))}{peak}): retried with "
-            f"{self.new_micro_batches} micro-batches (was {self.old_micro_batches}), "
-            f"{self.seconds:.1f} s"
-        )
-
-
-@dataclass
-class FitSummary:
-    """What `memfit.fit` did: micro-batches per input shape, recoveries, updates."""
-
-    micro_batches: dict[str, int] = field(default_factory=dict)
-    recoveries: list[Recovery] = field(default_factory=list)
-    updates: int = 0
-    guarded_updates: int = 0
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "micro_batches": dict(self.micro_batches),
-            "recoveries": [asdict(r) for r in self.recoveries],
-            "updates": self.updates,
-            "guarded_updates": self.guarded_updates,
-        }
 
 
 class GuardedStep:
@@ -159,7 +99,7 @@ class GuardedStep:
                 "a custom training loop gives GuardedStep both optimizer= and loss_fn=; a "
                 "compiled model gives neither"
             )
-        _check_model(model, custom_loop=loss_fn is not None)
+        check_trainable_model(model, custom_loop=loss_fn is not None)
         if loss_fn is not None and not callable(loss_fn):
             raise MemfitError(f"loss_fn must be a function loss_fn(x, y), got {loss_fn!r}")
         if guard_update not in (True, False, "auto"):
@@ -214,16 +154,7 @@ class GuardedStep:
                 if pending is not None:
                     pending.trace_seconds += time.perf_counter() - started
             saved_metrics = self._step.save_metrics()
-            failure: Exception | None = None
-            try:
-                self._reset_peak()  # each attempt's own peak: a failed one's is not kept
-                grads = self._step.gradients(data, k)
-                self._gradients_peak = self._peak()
-            except Exception as exc:
-                if not tfb.is_oom(exc):
-                    self._agreement.abandon()
-                    raise
-                failure = exc
+            grads, failure = self._attempt(self._gradients, data, k)
             # Every worker of a multi-worker strategy takes the same decision (one process: its own)
             recovery, guard = self._settle(failure, "gradients", k, batch, shapes, update)
             if recovery is not None:
@@ -240,15 +171,7 @@ class GuardedStep:
                     failed = self._agreement.collective_failed(exc, "the gradient all-reduce")
                     raise failed from None
             snapshot = self._snapshot() if guard else None
-            try:
-                self._reset_peak()
-                self._step.apply(grads, reduced=reduced)
-                self._update_peak = self._peak()
-            except Exception as exc:
-                if not tfb.is_oom(exc):
-                    self._agreement.abandon()
-                    raise
-                failure = exc
+            _, failure = self._attempt(self._apply, grads, reduced)
             del grads
             unguarded = None
             if failure is not None and snapshot is None:
@@ -281,6 +204,30 @@ class GuardedStep:
         if pending is not None and failed_at is not None:
             self._finish_recoveries(update, time.perf_counter() - failed_at)
         return self._step.results()
+
+    def _attempt(self, phase: Callable[..., Any], *args: Any) -> tuple[Any, Exception | None]:
+        """Run one phase of the step: its result, or the OOM it raised (as the second item).
+
+        Any other error is this worker's end: the others are told before it propagates.
+        """
+        try:
+            return phase(*args), None
+        except Exception as exc:
+            if not tfb.is_oom(exc):
+                self._agreement.abandon()
+                raise
+            return None, exc
+
+    def _gradients(self, data: Any, k: int) -> Any:
+        self._reset_peak()  # each attempt's own peak: a failed one's is not kept
+        grads = self._step.gradients(data, k)
+        self._gradients_peak = self._peak()
+        return grads
+
+    def _apply(self, grads: Any, reduced: bool) -> None:
+        self._reset_peak()
+        self._step.apply(grads, reduced=reduced)
+        self._update_peak = self._peak()
 
     # -- recovery ---------------------------------------------------------------------------
     def _recover(
@@ -417,303 +364,22 @@ class GuardedStep:
         return int(self.optimizer.iterations.numpy())
 
 
-def fit(
-    model: Any,
-    x: Any = None,
-    y: Any = None,
-    batch_size: int | None = None,
-    epochs: int = 1,
-    verbose: str | int = "auto",
-    callbacks: list[Any] | None = None,
-    validation_split: float = 0.0,
-    validation_data: Any = None,
-    shuffle: bool = True,
-    class_weight: dict[int, float] | None = None,
-    sample_weight: Any = None,
-    initial_epoch: int = 0,
-    steps_per_epoch: int | None = None,
-    validation_steps: int | None = None,
-    validation_batch_size: int | None = None,
-    validation_freq: int = 1,
-    *,
-    micro_batches: int | Any = None,
-    guard_update: bool | str = "auto",
-    on_recovery: Callable[[Recovery], None] | None = None,
-    budget: Any = None,
-    recompute: Any = None,
-    backup_dir: str | os.PathLike[str] | None = None,
-    save_freq: str | int = "epoch",
-    keep_backup: bool = False,
-) -> Any:
-    """`model.fit` that trains at the batch you ask for and survives out-of-memory errors.
-
-    Takes what `model.fit` takes and returns its `History`. `batch_size` is the effective
-    batch: every optimizer update sees exactly that many samples. A batch that does not fit
-    is split inside the step into K micro-batches whose gradients are summed and applied
-    once, so no sample is skipped or seen twice, the optimizer's iteration count and
-    learning-rate schedules advance once per batch, and losses and metrics cover the whole
-    batch. On `ResourceExhaustedError` the same batch is retried with twice the
-    micro-batches, with every variable as it was before the failed attempt (also when the
-    error struck inside the optimizer update). K is kept per input shape.
-
-    `history.memfit` holds a `FitSummary`: K per input shape, each `Recovery`, the updates.
+def check_trainable_model(model: Any, custom_loop: bool = False) -> None:
+    """Refuse a model `GuardedStep` cannot train: not a Keras model, uncompiled, own train_step.
 
     Args:
-        model: a compiled Keras model with Keras' standard `train_step`.
-        x, y, ..., validation_freq: as `model.fit`. A `tf.data.Dataset` yields batches (as in
-            Keras), and they are the effective batches; a `batch_size` larger than them
-            re-batches the dataset to it, a smaller one is an error.
-        micro_batches: K to start with (an int, or a `memfit.Plan`); default 1 — memfit
-            splits only when a step runs out of memory. A plan holds only for a model built
-            with its precision and recompute (`Plan.build_scope()`); any other model is
-            refused with a `MemfitError` that says how to build it (see `check_plan`).
-        guard_update: see `GuardedStep` (default `"auto"`).
-        on_recovery: called with each `Recovery` as it happens.
-        budget: the budget to train in (default: the emulated one, else the device's); it
-            judges the update's headroom. To cap memory, emulate it first (`memfit.emulate`).
-        recompute: train with memfit's recompute (see `memfit.recompute`): `"sqrt"`, a
-            count, a size, layer names, True (`"sqrt"`) or a `memfit.Recompute`.
-        backup_dir: make the run preemption-safe (see `memfit.backup`): keep a checkpoint
-            here (weights, optimizer state, K per input shape, the data position, a
-            `memfit.Watch`'s log), written atomically at each epoch's end (`save_freq`) and
-            on SIGTERM, after which the process exits with status 143. The next `fit` with
-            the same `backup_dir` resumes at the same update; a completed run removes it.
-            Exact resume needs epochs in the same order in every run (`shuffle=False` for
-            arrays, an unshuffled or fixed-seed dataset) and no `steps_per_epoch`.
-        save_freq: with `backup_dir`: `"epoch"` (default) or N, a checkpoint every N updates.
-        keep_backup: with `backup_dir`: keep the checkpoint after the run completes.
-
-    Returns:
-        The `keras.callbacks.History`, with `history.memfit` added.
-
-    Example:
-        ```python
-        memfit.emulate("T4")                 # or on the real card: nothing to set
-        history = memfit.fit(model, train_ds, epochs=10, validation_data=val_ds)
-        for recovery in history.memfit.recoveries:
-            print(recovery)
-
-        # Preemption-safe: SIGTERM writes a checkpoint and exits 143; run it again to resume.
-        memfit.fit(model, x, y, batch_size=64, epochs=10, shuffle=False,
-                   backup_dir="/mnt/disk/backup")
-        ```
-    """
-    _check_model(model)
-    tf = tfb.import_tf()
-    if batch_size is not None:
-        batch_size = check_batch_size(batch_size)
-    if getattr(model, "steps_per_execution", 1) != 1:
-        raise MemfitError(
-            "memfit.fit needs steps_per_execution=1 (it guards each step on its own); "
-            "compile the model without steps_per_execution"
-        )
-    if isinstance(x, tf.data.Dataset):
-        x = _rebatched(x, batch_size)
-        batch_size = None
-    if hasattr(micro_batches, "precision") and hasattr(micro_batches, "remat"):
-        check_plan(model, micro_batches)
-        from memfit.recompute import remat_recompute
-
-        # A plan for memfit's recompute wraps the model's forward: no rebuild needed.
-        recompute = recompute or remat_recompute(micro_batches.remat)
-    k = getattr(micro_batches, "micro_batches", micro_batches) or 1
-    step = GuardedStep(
-        model,
-        micro_batches=k,
-        guard_update=guard_update,
-        on_recovery=on_recovery,
-        verbose=verbose != 0,
-        budget=budget,
-        recompute=recompute,
-    )
-    tracker = _epoch_tracker(step)
-    backup = None
-    if backup_dir is not None:
-        backup = Backup(backup_dir, save_freq=save_freq, keep=keep_backup)
-        initial_epoch = backup.prepare(
-            model,
-            step,
-            x=x,
-            shuffle=shuffle,
-            steps_per_epoch=steps_per_epoch,
-            callbacks=callbacks,
-            initial_epoch=initial_epoch,
-        )
-    previous = model.train_function
-
-    def train_function(iterator: Any) -> dict[str, Any]:
-        return step(next(iterator))
-
-    train_function.guarded_step = step  # type: ignore[attr-defined]  # read by memfit.Watch
-    model.train_function = train_function
-    keras_build = fix_keras_multi_worker_build(model)
-    try:
-        with backup.handling_signals() if backup is not None else contextlib.nullcontext():
-            history = model.fit(
-                x,
-                y,
-                batch_size=batch_size,
-                epochs=epochs,
-                verbose=verbose,
-                callbacks=[tracker, *(callbacks or []), *([backup.callback()] if backup else [])],
-                validation_split=validation_split,
-                validation_data=validation_data,
-                shuffle=shuffle,
-                class_weight=class_weight,
-                sample_weight=sample_weight,
-                initial_epoch=initial_epoch,
-                steps_per_epoch=steps_per_epoch,
-                validation_steps=validation_steps,
-                validation_batch_size=validation_batch_size,
-                validation_freq=validation_freq,
-            )
-    finally:
-        model.train_function = previous
-        keras_build()
-    history.memfit = step.summary
-    return history
-
-
-def model_precision(model: Any) -> str:
-    """The dtype policy a built Keras model computes in, e.g. `"float32"`, `"mixed_float16"`.
-
-    The policy most of the model's layers with weights were built under (a mixed-precision
-    model often keeps its last layer in float32); the model's own policy if no layer has
-    weights.
-
-    Args:
-        model: a built `keras.Model`.
-
-    Returns:
-        The policy's name.
-
-    Example:
-        >>> from memfit.fit import model_precision
-        >>> keras.mixed_precision.set_dtype_policy("mixed_float16")
-        >>> model_precision(keras.applications.MobileNetV2(weights=None))
-        'mixed_float16'
-    """
-    counts: dict[str, int] = {}
-    for layer in model._flatten_layers(include_self=False):
-        leaf = not any(True for _ in layer._flatten_layers(include_self=False))
-        if leaf and layer.weights:
-            name = layer.dtype_policy.name
-            counts[name] = counts.get(name, 0) + 1
-    if not counts:
-        return str(model.dtype_policy.name)
-    return max(counts, key=lambda name: counts[name])
-
-
-def model_remat(model: Any) -> set[str]:
-    """The `keras.RematScope` modes a built Keras model's layers were built under.
-
-    Args:
-        model: a built `keras.Model`.
-
-    Returns:
-        The modes (`"larger_than"`, `"activations"`, ...); empty when built without recompute.
-
-    Example:
-        >>> from memfit.fit import model_remat
-        >>> with keras.RematScope(mode="larger_than"):
-        ...     model = keras.applications.MobileNetV2(weights=None)
-        >>> model_remat(model)
-        {'larger_than'}
-    """
-    return {
-        layer._remat_mode.mode
-        for layer in model._flatten_layers(include_self=True)
-        if getattr(layer, "_remat_mode", None) is not None
-    }
-
-
-def check_plan(model: Any, plan: Any) -> None:
-    """Refuse a plan made for another build of the model: its precision or recompute differs.
-
-    A plan's peak was measured on the model built under its dtype policy and recompute
-    (`keras.RematScope`) mode, and a built model cannot change either, so K alone would not
-    make its step fit.
-
-    Args:
-        model: the built `keras.Model` to train.
-        plan: a `memfit.Plan` (its `precision` and `remat`).
+        model: what the user passed as the model.
+        custom_loop: the model is trained by a custom loop (its optimizer and loss are given
+            apart): only checks that it is a `keras.Model`.
 
     Raises:
-        MemfitError: what the plan assumed, what the model was built with, and what to do.
+        MemfitError: what is wrong with the model and what to do.
 
     Example:
         ```python
-        plan = memfit.plan("mypkg.models:build", 256, "T4")
-        with plan.build_scope():                   # the plan's precision and recompute
-            model = mypkg.models.build()
-        memfit.fit(model, x, y, batch_size=256, micro_batches=plan)
+        check_trainable_model(model)            # before memfit.fit installs its step
         ```
     """
-    precision = model_precision(model)
-    planned = plan.precision or "float32"
-    if precision != planned:
-        raise MemfitError(
-            f"the plan is for precision {planned}, but the model was built with "
-            f"{precision}, and a built model cannot change precision: build it after "
-            f'keras.mixed_precision.set_dtype_policy("{planned}") (or inside '
-            f'`with plan.build_scope():`), or plan with precisions=["{precision}"] '
-            f"(--precision {precision})"
-        )
-    modes = model_remat(model)
-    if plan.remat == "memfit":  # memfit's recompute: memfit.fit applies it to any build
-        if modes:
-            raise MemfitError(
-                f"the plan is for memfit's recompute, but the model was built with remat "
-                f"{', '.join(sorted(modes))}: build it outside keras.RematScope"
-            )
-    elif plan.remat is not None and plan.remat not in modes:
-        raise MemfitError(
-            f"the plan is for recompute (remat) {plan.remat!r}, but the model was built "
-            + (f"with remat {', '.join(sorted(modes))}" if modes else "without it")
-            + f': build it inside `with keras.RematScope(mode="{plan.remat}"):` (or '
-            f"`with plan.build_scope():`), or plan with remat_modes=[None] (--remat none)"
-        )
-    if plan.remat is None and modes:
-        raise MemfitError(
-            f"the plan is for no recompute (remat), but the model was built with remat "
-            f"{', '.join(sorted(modes))}, whose memory the plan did not measure: build it "
-            f"outside keras.RematScope, or plan with remat_modes=[{sorted(modes)[0]!r}]"
-        )
-
-
-def _epoch_tracker(step: GuardedStep) -> Any:
-    """A Keras callback that tells `step` which epoch runs (for its recovery records)."""
-    keras = tfb.import_keras()
-
-    class EpochTracker(keras.callbacks.Callback):
-        def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
-            step.epoch = epoch
-
-    return EpochTracker()
-
-
-def _rebatched(dataset: Any, batch_size: int | None) -> Any:
-    """A dataset's batches are the effective batches (as in Keras); check them."""
-    if batch_size is None:
-        return dataset
-    tf = tfb.import_tf()
-    first = tf.nest.flatten(dataset.element_spec)[0]
-    size = first.shape[0] if first.shape.rank else None
-    if size is None:
-        # Not known statically (drop_remainder=False): look at the first batch.
-        for batch in dataset.take(1):
-            size = int(tf.shape(tf.nest.flatten(batch)[0])[0])
-    if size is None:
-        raise MemfitError("the dataset is empty: it yields no batches")
-    if size > batch_size:
-        raise MemfitError(
-            f"the dataset is already batched by {size}, more than batch_size={batch_size}: "
-            f"batch it by {batch_size}, or leave batch_size out to train at {size}"
-        )
-    return dataset.rebatch(batch_size) if size < batch_size else dataset
-
-
-def _check_model(model: Any, custom_loop: bool = False) -> None:
     keras = tfb.import_keras()
     if not isinstance(model, keras.Model):
         raise MemfitError(

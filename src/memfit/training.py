@@ -1,0 +1,212 @@
+"""Training: `memfit.fit`, the `model.fit` that keeps the effective batch and survives OOM.
+
+`fit` checks its arguments, installs a `GuardedStep` as the model's train function (and, with
+`backup_dir`, a `memfit.backup.Backup`), runs Keras' own `model.fit` and puts the model's
+train function back. The step itself is in `memfit.guarded_step`, what it did in
+`memfit.recovery`, the check of a `memfit.Plan` against the model in `memfit.plan_check`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable
+from typing import Any
+
+from memfit.backend import tf as tfb
+from memfit.backup import Backup
+from memfit.checks import check_batch_size
+from memfit.distributed import fix_keras_multi_worker_build
+from memfit.errors import MemfitError
+from memfit.guarded_step import GuardedStep, check_trainable_model
+from memfit.plan_check import check_plan
+from memfit.recovery import Recovery
+
+
+def fit(
+    model: Any,
+    x: Any = None,
+    y: Any = None,
+    batch_size: int | None = None,
+    epochs: int = 1,
+    verbose: str | int = "auto",
+    callbacks: list[Any] | None = None,
+    validation_split: float = 0.0,
+    validation_data: Any = None,
+    shuffle: bool = True,
+    class_weight: dict[int, float] | None = None,
+    sample_weight: Any = None,
+    initial_epoch: int = 0,
+    steps_per_epoch: int | None = None,
+    validation_steps: int | None = None,
+    validation_batch_size: int | None = None,
+    validation_freq: int = 1,
+    *,
+    micro_batches: int | Any = None,
+    guard_update: bool | str = "auto",
+    on_recovery: Callable[[Recovery], None] | None = None,
+    budget: Any = None,
+    recompute: Any = None,
+    backup_dir: str | os.PathLike[str] | None = None,
+    save_freq: str | int = "epoch",
+    keep_backup: bool = False,
+) -> Any:
+    """`model.fit` that trains at the batch you ask for and survives out-of-memory errors.
+
+    Takes what `model.fit` takes and returns its `History`. `batch_size` is the effective
+    batch: every optimizer update sees exactly that many samples. A batch that does not fit
+    is split inside the step into K micro-batches whose gradients are summed and applied
+    once, so no sample is skipped or seen twice, the optimizer's iteration count and
+    learning-rate schedules advance once per batch, and losses and metrics cover the whole
+    batch. On `ResourceExhaustedError` the same batch is retried with twice the
+    micro-batches, with every variable as it was before the failed attempt (also when the
+    error struck inside the optimizer update). K is kept per input shape.
+
+    `history.memfit` holds a `FitSummary`: K per input shape, each `Recovery`, the updates.
+
+    Args:
+        model: a compiled Keras model with Keras' standard `train_step`.
+        x, y, ..., validation_freq: as `model.fit`. A `tf.data.Dataset` yields batches (as in
+            Keras), and they are the effective batches; a `batch_size` larger than them
+            re-batches the dataset to it, a smaller one is an error.
+        micro_batches: K to start with (an int, or a `memfit.Plan`); default 1 — memfit
+            splits only when a step runs out of memory. A plan holds only for a model built
+            with its precision and recompute (`Plan.build_scope()`); any other model is
+            refused with a `MemfitError` that says how to build it (see `check_plan`).
+        guard_update: see `GuardedStep` (default `"auto"`).
+        on_recovery: called with each `Recovery` as it happens.
+        budget: the budget to train in (default: the emulated one, else the device's); it
+            judges the update's headroom. To cap memory, emulate it first (`memfit.emulate`).
+        recompute: train with memfit's recompute (see `memfit.recompute`): `"sqrt"`, a
+            count, a size, layer names, True (`"sqrt"`) or a `memfit.Recompute`.
+        backup_dir: make the run preemption-safe (see `memfit.backup`): keep a checkpoint
+            here (weights, optimizer state, K per input shape, the data position, a
+            `memfit.Watch`'s log), written atomically at each epoch's end (`save_freq`) and
+            on SIGTERM, after which the process exits with status 143. The next `fit` with
+            the same `backup_dir` resumes at the same update; a completed run removes it.
+            Exact resume needs epochs in the same order in every run (`shuffle=False` for
+            arrays, an unshuffled or fixed-seed dataset) and no `steps_per_epoch`.
+        save_freq: with `backup_dir`: `"epoch"` (default) or N, a checkpoint every N updates.
+        keep_backup: with `backup_dir`: keep the checkpoint after the run completes.
+
+    Returns:
+        The `keras.callbacks.History`, with `history.memfit` added.
+
+    Example:
+        ```python
+        memfit.emulate("T4")                 # or on the real card: nothing to set
+        history = memfit.fit(model, train_ds, epochs=10, validation_data=val_ds)
+        for recovery in history.memfit.recoveries:
+            print(recovery)
+
+        # Preemption-safe: SIGTERM writes a checkpoint and exits 143; run it again to resume.
+        memfit.fit(model, x, y, batch_size=64, epochs=10, shuffle=False,
+                   backup_dir="/mnt/disk/backup")
+        ```
+    """
+    check_trainable_model(model)
+    tf = tfb.import_tf()
+    if batch_size is not None:
+        batch_size = check_batch_size(batch_size)
+    if getattr(model, "steps_per_execution", 1) != 1:
+        raise MemfitError(
+            "memfit.fit needs steps_per_execution=1 (it guards each step on its own); "
+            "compile the model without steps_per_execution"
+        )
+    if isinstance(x, tf.data.Dataset):
+        x = _rebatched(x, batch_size)
+        batch_size = None
+    if hasattr(micro_batches, "precision") and hasattr(micro_batches, "remat"):
+        check_plan(model, micro_batches)
+        from memfit.recompute import remat_recompute
+
+        # A plan for memfit's recompute wraps the model's forward: no rebuild needed.
+        recompute = recompute or remat_recompute(micro_batches.remat)
+    k = getattr(micro_batches, "micro_batches", micro_batches) or 1
+    step = GuardedStep(
+        model,
+        micro_batches=k,
+        guard_update=guard_update,
+        on_recovery=on_recovery,
+        verbose=verbose != 0,
+        budget=budget,
+        recompute=recompute,
+    )
+    tracker = _epoch_tracker(step)
+    backup = None
+    if backup_dir is not None:
+        backup = Backup(backup_dir, save_freq=save_freq, keep=keep_backup)
+        initial_epoch = backup.prepare(
+            model,
+            step,
+            x=x,
+            shuffle=shuffle,
+            steps_per_epoch=steps_per_epoch,
+            callbacks=callbacks,
+            initial_epoch=initial_epoch,
+        )
+    previous = model.train_function
+
+    def train_function(iterator: Any) -> dict[str, Any]:
+        return step(next(iterator))
+
+    train_function.guarded_step = step  # type: ignore[attr-defined]  # read by memfit.Watch
+    model.train_function = train_function
+    keras_build = fix_keras_multi_worker_build(model)
+    try:
+        with backup.handling_signals() if backup is not None else contextlib.nullcontext():
+            history = model.fit(
+                x,
+                y,
+                batch_size=batch_size,
+                epochs=epochs,
+                verbose=verbose,
+                callbacks=[tracker, *(callbacks or []), *([backup.callback()] if backup else [])],
+                validation_split=validation_split,
+                validation_data=validation_data,
+                shuffle=shuffle,
+                class_weight=class_weight,
+                sample_weight=sample_weight,
+                initial_epoch=initial_epoch,
+                steps_per_epoch=steps_per_epoch,
+                validation_steps=validation_steps,
+                validation_batch_size=validation_batch_size,
+                validation_freq=validation_freq,
+            )
+    finally:
+        model.train_function = previous
+        keras_build()
+    history.memfit = step.summary
+    return history
+
+
+def _epoch_tracker(step: GuardedStep) -> Any:
+    """A Keras callback that tells `step` which epoch runs (for its recovery records)."""
+    keras = tfb.import_keras()
+
+    class EpochTracker(keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
+            step.epoch = epoch
+
+    return EpochTracker()
+
+
+def _rebatched(dataset: Any, batch_size: int | None) -> Any:
+    """A dataset's batches are the effective batches (as in Keras); check them."""
+    if batch_size is None:
+        return dataset
+    tf = tfb.import_tf()
+    first = tf.nest.flatten(dataset.element_spec)[0]
+    size = first.shape[0] if first.shape.rank else None
+    if size is None:
+        # Not known statically (drop_remainder=False): look at the first batch.
+        for batch in dataset.take(1):
+            size = int(tf.shape(tf.nest.flatten(batch)[0])[0])
+    if size is None:
+        raise MemfitError("the dataset is empty: it yields no batches")
+    if size > batch_size:
+        raise MemfitError(
+            f"the dataset is already batched by {size}, more than batch_size={batch_size}: "
+            f"batch it by {batch_size}, or leave batch_size out to train at {size}"
+        )
+    return dataset.rebatch(batch_size) if size < batch_size else dataset
