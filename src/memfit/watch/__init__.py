@@ -12,9 +12,15 @@ The package:
   which emulation needs);
 - `detectors`: the detectors, pure functions over the recorded series (no TensorFlow), one
   module per family (memory growth, retracing, the budget's edge, input, loss, OOM);
+- `fit_checks`: which detectors run after each step and loss of a fit, and what has fired;
+- `step_losses`: each step's own loss, derived from the running means Keras logs;
+- `sampling`: what is read from TensorFlow after each step (memory, its peak, traces);
 - `input_timing`: the train-function wrapper that times the input wait;
+- `oom_findings`: the `oom` and `oom_recovery` findings from a diagnosis;
+- `header`: a fit's header line (device, budget, configuration);
 - `log`: the JSON-lines log format, its writer and reader, and the run summary that
   `memfit report` shares;
+- `tensorboard`: the TensorBoard scalars (`Watch(log_dir=...)`);
 - `console`: what is printed on the terminal;
 - `findings`: `WatchFinding` and the kinds of finding.
 

@@ -1,28 +1,35 @@
-"""`memfit.Watch`: the Keras callback. Imports Keras; `memfit.watch` loads it on first use."""
+"""`memfit.Watch`: the Keras callback. Imports Keras; `memfit.watch` loads it on first use.
+
+The callback holds a fit's state and wires Keras' hooks to the rest of the package: it
+records each step (`sampling`, `input_timing`), derives its loss (`step_losses`), runs the
+detectors (`fit_checks`) and writes what it sees (`log`, `header`, `tensorboard`, `console`).
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-import math
 import os
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
-import memfit.watch.detectors as detectors
 from memfit.backend import tf as tfb
 from memfit.budget import as_budget, emulated_budget
 from memfit.errors import MemfitError
 from memfit.watch.console import WatchConsole
 from memfit.watch.findings import WatchFinding
+from memfit.watch.fit_checks import FitChecks
+from memfit.watch.header import estimate_peak_bytes, run_header
 from memfit.watch.input_timing import first_input_shape, oom_of, timed_train_function
-from memfit.watch.log import LOG_FORMAT, TOOL, LogWriter, number, summarize
+from memfit.watch.log import LogWriter, number, summarize
+from memfit.watch.oom_findings import budget_left, oom_finding, others_on_gpu, recovery_finding
+from memfit.watch.sampling import memory_sample, trace_count
+from memfit.watch.step_losses import StepLosses
+from memfit.watch.tensorboard import write_scalars
 
 keras = tfb.import_keras()
-
-# Process-wide: the memory left in use when each fit began (repeated fits / model builds).
-_FIT_STARTS: list[int] = []
 
 
 def _own_time(method: Callable[..., Any]) -> Callable[..., Any]:
@@ -133,7 +140,7 @@ class Watch(keras.callbacks.Callback):
         self.budget = as_budget(budget)
         self.name = name
         self.config = dict(config or {})
-        self.estimate_bytes = _estimate_bytes(estimate)
+        self.estimate_bytes = estimate_peak_bytes(estimate)
         self.verbose = verbose
         self.measure_input = measure_input
         self.warmup_steps = max(0, int(warmup_steps))
@@ -160,17 +167,19 @@ class Watch(keras.callbacks.Callback):
     def _new_run(self) -> None:
         """Per-fit state: series, detectors, counters."""
         self.steps: list[dict[str, Any]] = []
-        self._fired: set[str] = set()
+        self._checks = FitChecks(
+            self._report,
+            warmup_steps=self.warmup_steps,
+            headroom=self.headroom,
+            input_bound_fraction=self.input_bound_fraction,
+            growth_bytes=self.growth_bytes,
+            growth_fraction=self.growth_fraction,
+            spike_factor=self.spike_factor,
+            plateau_steps=self.plateau_steps,
+        )
         # Keras logs the epoch's running mean of the loss; per-step losses are derived from it
         # in step order (on_train_batch_end may run in a thread pool, out of order).
-        self._pending: dict[int, tuple[int, int, float]] = {}  # step -> (epoch, batch, mean)
-        self._last_mean: tuple[int, int, float] | None = None
-        self._losses: dict[int, float] = {}  # step -> that step's own loss
-        self._loss_monitor = detectors.LossMonitor(
-            spike_factor=self.spike_factor, plateau_steps=self.plateau_steps
-        )
-        self._floors = detectors.Floors()
-        self._spe = 1
+        self._losses = StepLosses()
         self._global = 0
         self._epoch = 0
         self._epoch_base = 0
@@ -181,7 +190,6 @@ class Watch(keras.callbacks.Callback):
         self._recoveries_seen = 0
         self._original: Any = None
         self._wrapped = False
-        self._traces_at_warmup: int | None = None
         self._written = 0
         self._tb_written = 0
         self._fallback_begin: float | None = None
@@ -207,7 +215,7 @@ class Watch(keras.callbacks.Callback):
         if self._budget_bytes is None and self._device.startswith("GPU"):
             self._budget_bytes = tfb.device_memory_limit(self._device)
         self._start_budget_bytes = self._budget_bytes
-        self._others_at_start = _others_on_gpu(self._device)
+        self._others_at_start = others_on_gpu(self._device)
         if self.log_path is not None and self._log is None:
             # Before the train function is wrapped: a log that cannot be written stops here.
             self._log = LogWriter(self.log_path, append=self.runs > 0)
@@ -217,19 +225,36 @@ class Watch(keras.callbacks.Callback):
         self._recoveries_seen = len(self._guarded.summary.recoveries) if self._guarded else 0
         single = getattr(model.distribute_strategy, "num_replicas_in_sync", 1) == 1
         spe = int(getattr(model, "steps_per_execution", 1) or 1)
-        self._spe = spe
+        self._losses.steps_per_execution = spe
         self._wrapped = bool(self.measure_input and fn is not None and spe == 1 and single)
         if self._wrapped:
             self._original = fn
             model.train_function = timed_train_function(
                 fn, self._on_step, self._on_step_error, self._before_step
             )
-        self._write(self._header(model, spe))
+        self._write(
+            run_header(
+                model,
+                params=self.params or {},
+                run=self.runs,
+                device=self._device,
+                memory_stats=self._stats,
+                budget=self.budget or emulated_budget(),
+                budget_bytes=self._budget_bytes,
+                name=self.name,
+                estimate_peak_bytes=self.estimate_bytes,
+                input_wait_measured=self._wrapped,
+                warmup_steps=self.warmup_steps,
+                steps_per_execution=spe,
+                guarded=self._guarded,
+                config={**self._lr(), **self.config},
+            )
+        )
         self.runs += 1
         if self.log_dir is not None and self._writer is None:
             self._writer = tfb.ScalarWriter(self.log_dir)
         if info is not None:
-            self._check_repeated_fits(int(info["current"]))
+            self._checks.fit_started(int(info["current"]), self._global)
 
     @_own_time
     def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
@@ -260,33 +285,14 @@ class Watch(keras.callbacks.Callback):
         except (TypeError, ValueError):
             return
         with self._lock:
-            self._pending[self._epoch_base + int(batch)] = (self._epoch, int(batch), value)
+            self._losses.add(self._epoch_base + int(batch), self._epoch, int(batch), value)
             self._process_losses(final=False)
 
     def _process_losses(self, final: bool) -> None:
         """Turn running means into per-step losses, in step order, and check them."""
-        for step in sorted(self._pending):
-            epoch, batch, mean = self._pending[step]
-            last = self._last_mean
-            if last is not None and last[0] == epoch:
-                expected = last[1] + self._spe
-            else:
-                expected = self._spe - 1  # the first batch (group) of an epoch
-            if batch != expected and not final:
-                return  # an earlier step's logs have not arrived yet
-            del self._pending[step]
-            if last is not None and last[0] == epoch and batch > last[1]:
-                loss = ((batch + 1) * mean - (last[1] + 1) * last[2]) / (batch - last[1])
-            else:
-                loss = mean if batch == expected else math.nan
-            if not math.isfinite(mean):
-                loss = mean
-            self._last_mean = (epoch, batch, mean)
-            self._losses[step] = loss
-            found = self._loss_monitor.add(step, loss, epoch)
-            if found is not None:
-                found.evidence.update(self._lr())  # read only then: it costs a device read
-                self._report(found)
+        for step, loss, epoch in self._losses.process(final):
+            # The learning rate is read only for a finding: it costs a device read.
+            self._checks.after_loss(step, loss, epoch, evidence=self._lr)
 
     @_own_time
     def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
@@ -342,21 +348,8 @@ class Watch(keras.callbacks.Callback):
     def _record(self, step_seconds: float, wait: float | None, data: Any) -> None:
         step = self._global
         self._global += 1
-        current = peak = None
-        if self._stats:
-            info = tfb.memory_info(self._device)
-            if info is not None:
-                current, peak = info["current"], info["peak"]
-                guarded_peak = getattr(self._guarded, "last_peak_bytes", None)
-                if guarded_peak is not None:
-                    peak = max(guarded_peak, current)
-        traces = (
-            self._guarded.trace_count
-            if self._guarded is not None
-            else tfb.tracing_count(self._functions)
-            if self._functions
-            else None
-        )
+        current, peak = memory_sample(self._device, self._guarded) if self._stats else (None, None)
+        traces = trace_count(self._guarded, self._functions)
         shape = first_input_shape(data) if data is not None else None
         if shape is None and self.steps:
             shape = self.steps[-1]["input_shape"]
@@ -375,203 +368,64 @@ class Watch(keras.callbacks.Callback):
         }
         with self._lock:
             self.steps.append(record)
-        if step == self.warmup_steps:
-            self._traces_at_warmup = traces
         if self._guarded is not None:
             self._check_recoveries(step)
-        if step >= self.warmup_steps:
-            self._check_memory(step, record)
-            if wait is not None and step % 5 == 0 and "input_bound" not in self._fired:
-                self._report(
-                    detectors.input_bound(
-                        self.steps,
-                        step,
-                        warmup_steps=self.warmup_steps,
-                        fraction=self.input_bound_fraction,
-                    )
-                )
+        self._checks.after_step(
+            self.steps,
+            record,
+            budget_bytes=self._budget_bytes,
+            guarded=self._guarded is not None,
+            params=self.params,
+        )
         if len(self.steps) - self._written >= 64:
             self._flush(final=False)
-
-    def _check_memory(self, step: int, record: dict[str, Any]) -> None:
-        guarded = self._guarded is not None
-        if "retracing" not in self._fired:
-            self._report(
-                detectors.retracing(
-                    step,
-                    record["traces"],
-                    self._traces_at_warmup,
-                    self.warmup_steps,
-                    guarded=guarded,
-                )
-            )
-        current, peak = record["memory_current_bytes"], record["memory_peak_bytes"]
-        if current is None:
-            return
-        closed = self._floors.add(step, current, record["traces"] or 0)
-        if closed and "memory_growth" not in self._fired:
-            recent = [s["memory_peak_bytes"] or 0 for s in self.steps[-5:]]
-            self._report(
-                detectors.memory_growth(
-                    self._floors,
-                    step,
-                    budget_bytes=self._budget_bytes,
-                    recent_peak_bytes=max(recent) if recent else None,
-                    guarded=guarded,
-                    growth_bytes=self.growth_bytes,
-                    growth_fraction=self.growth_fraction,
-                )
-            )
-        if peak is None or not self._budget_bytes:
-            return
-        near = peak >= (1 - self.headroom) * self._budget_bytes
-        if "near_budget" not in self._fired and (closed or near):
-            self._report(
-                detectors.near_budget(
-                    self.steps,
-                    step,
-                    budget_bytes=self._budget_bytes,
-                    floors=self._floors,
-                    headroom=self.headroom,
-                    planned_steps=self._planned_steps(),
-                    growth_bytes=self.growth_bytes,
-                )
-            )
-        if "thrashing" not in self._fired and peak >= 0.95 * self._budget_bytes:
-            self._report(detectors.thrashing(self.steps, step, budget_bytes=self._budget_bytes))
-
-    def _planned_steps(self) -> int | None:
-        params = self.params or {}
-        epochs, steps = params.get("epochs"), params.get("steps")
-        if isinstance(epochs, int) and isinstance(steps, int) and epochs and steps:
-            return epochs * steps
-        return None
 
     def _check_recoveries(self, step: int) -> None:
         recoveries = self._guarded.summary.recoveries
         for recovery in recoveries[self._recoveries_seen :]:
-            shape = list(recovery.input_shapes[0]) if recovery.input_shapes else None
-            diagnosis = detectors.diagnose_oom(
+            finding = recovery_finding(
+                recovery,
                 self.steps[:-1],
-                input_shape=shape,
-                batch_size=shape[0] if shape else None,
+                step,
                 budget_bytes=self._budget_bytes,
                 start_budget_bytes=self._start_budget_bytes,
-                guarded=True,
             )
-            self._found(
-                "oom_recovery",
-                step,
-                f"memfit.fit recovered from an out-of-memory error: {recovery}",
-                cause=(
-                    f"the {recovery.phase} of a step with {recovery.old_micro_batches} "
-                    f"micro-batch(es) needed more memory than the device had: {diagnosis.text}"
-                ),
-                fix=diagnosis.fix,
-                evidence={
-                    **diagnosis.evidence,
-                    "update": recovery.update,
-                    "phase": recovery.phase,
-                    "old_micro_batches": recovery.old_micro_batches,
-                    "new_micro_batches": recovery.new_micro_batches,
-                    "peak_bytes": recovery.peak_bytes,
-                    "recovery_seconds": round(recovery.seconds, 4),
-                },
-                once=False,
-                quiet=bool(getattr(self._guarded, "verbose", False)),
-            )
+            self._report(finding, once=False, quiet=bool(getattr(self._guarded, "verbose", False)))
         self._recoveries_seen = len(recoveries)
 
     def _on_oom(self, exc: BaseException, data: Any) -> None:
         info = tfb.memory_info(self._device) if self._stats else None
-        shape = first_input_shape(data)
-        budget_now = self._budget_bytes
-        others = _others_on_gpu(self._device)
-        if budget_now and others is not None and self._others_at_start is not None:
-            budget_now = max(0, budget_now - max(0, others - self._others_at_start))
-        diagnosis = detectors.diagnose_oom(
+        finding = oom_finding(
+            exc,
             self.steps,
-            input_shape=shape,
-            batch_size=shape[0] if shape else None,
-            budget_bytes=budget_now,
+            self._global,
+            input_shape=first_input_shape(data),
+            budget_bytes=budget_left(self._budget_bytes, self._device, self._others_at_start),
             start_budget_bytes=self._start_budget_bytes,
             guarded=self._guarded is not None,
+            peak_bytes=info["peak"] if info else None,
         )
-        where = (
-            "memfit.fit could not split the step further (one sample per micro-batch)"
-            if self._guarded is not None
-            else "the step"
-        )
-        self._found(
-            "oom",
-            self._global,
-            f"{where} ran out of memory on a {detectors.shape_text(shape)} batch "
-            f"({tfb.oom_summary(exc)})",
-            cause=diagnosis.text,
-            fix=diagnosis.fix,
-            evidence={
-                **diagnosis.evidence,
-                "peak_bytes": info["peak"] if info else None,
-            },
-            severity="problem",
-        )
+        self._report(finding)
         self._flush(final=True)
         self._close()
 
-    def _check_repeated_fits(self, current: int) -> None:
-        _FIT_STARTS.append(current)
-        if "memory_growth" in self._fired:
-            return
-        self._report(
-            detectors.repeated_fits(
-                _FIT_STARTS,
-                self._global,
-                growth_bytes=self.growth_bytes,
-                growth_fraction=self.growth_fraction,
-            )
-        )
-
     # -- findings and output ------------------------------------------------------------------
-    def _report(self, finding: WatchFinding | None) -> None:
-        if finding is not None:
-            self._found(
-                finding.kind,
-                finding.step,
-                finding.message,
-                finding.cause,
-                finding.fix,
-                finding.evidence,
-                finding.severity,
-                epoch=finding.epoch,
-            )
-
-    def _found(
-        self,
-        kind: str,
-        step: int,
-        message: str,
-        cause: str,
-        fix: str,
-        evidence: dict[str, Any],
-        severity: str = "warning",
-        *,
-        epoch: int | None = None,
-        once: bool = True,
-        quiet: bool = False,
+    def _report(
+        self, finding: WatchFinding | None, *, once: bool = True, quiet: bool = False
     ) -> None:
+        """Keep, log and print a finding: the first of its kind in this fit, unless not `once`.
+
+        The finding's epoch, when it has none, is the current one; its run is this fit.
+        """
+        if finding is None:
+            return
         with self._lock:
-            if once and kind in self._fired:
+            if once and finding.kind in self._checks.fired:
                 return
-            self._fired.add(kind)
-            finding = WatchFinding(
-                kind=kind,
-                step=step,
-                epoch=self._epoch if epoch is None else epoch,
-                message=message,
-                cause=cause,
-                fix=fix,
-                evidence=evidence,
-                severity=severity,
+            self._checks.fired.add(finding.kind)
+            finding = dataclasses.replace(
+                finding,
+                epoch=self._epoch if finding.epoch is None else finding.epoch,
                 run=max(0, self.runs - 1),
             )
             self.findings.append(finding)
@@ -585,47 +439,6 @@ class Watch(keras.callbacks.Callback):
         except Exception:  # noqa: BLE001 - a schedule or a missing optimizer: no number
             return {}
 
-    def _header(self, model: Any, spe: int) -> dict[str, Any]:
-        versions = tfb.versions()
-        params = self.params or {}
-        try:
-            policy = keras.mixed_precision.dtype_policy().name
-        except Exception:  # noqa: BLE001
-            policy = None
-        optimizer = getattr(model, "optimizer", None)
-        config: dict[str, Any] = {
-            "epochs": params.get("epochs"),
-            "steps_per_epoch": params.get("steps"),
-            "steps_per_execution": spe,
-            "precision": policy,
-            "optimizer": type(optimizer).__name__ if optimizer is not None else None,
-            "micro_batches": getattr(self._guarded, "micro_batches", None),
-            "memfit_fit": self._guarded is not None,
-            "parameters": int(model.count_params()) if model.built else None,
-        }
-        config.update(self._lr())
-        config.update(self.config)
-        budget = self.budget or emulated_budget()
-        return {
-            "type": "header",
-            "format": LOG_FORMAT,
-            "tool": TOOL,
-            "run": self.runs,
-            "name": self.name or getattr(model, "name", None) or "run",
-            "model": getattr(model, "name", None),
-            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "device": self._device,
-            "memory_stats": self._stats,
-            "budget_bytes": self._budget_bytes,
-            "budget_name": str(budget) if budget is not None else None,
-            "estimate_peak_bytes": self.estimate_bytes,
-            "input_wait_measured": self._wrapped,
-            "warmup_steps": self.warmup_steps,
-            "tensorflow": versions.get("tensorflow"),
-            "keras": versions.get("keras"),
-            "config": config,
-        }
-
     def _write(self, data: dict[str, Any]) -> None:
         if self._log is None:
             return
@@ -638,14 +451,9 @@ class Watch(keras.callbacks.Callback):
             self._written = len(self.steps)
             return
         with self._lock:
-            end = len(self.steps)
-            while self._written < end:
-                record = self.steps[self._written]
-                loss = self._losses.get(record["step"])
-                if loss is None and not final and end - self._written < 64:
-                    break
-                self._log.write({**record, "loss": None if loss is None else number(loss)})
-                self._written += 1
+            self._written = self._log.write_steps(
+                self.steps, self._written, self._losses.get, final=final
+            )
 
     def _write_tensorboard(self) -> None:
         if self._writer is None:
@@ -653,26 +461,7 @@ class Watch(keras.callbacks.Callback):
         with self._lock:
             records = self.steps[self._tb_written :]
             self._tb_written = len(self.steps)
-        series: dict[str, tuple[list[int], list[float]]] = {}
-
-        def add(key: str, step: int, value: Any) -> None:
-            if value is not None and math.isfinite(value):
-                steps, values = series.setdefault(f"memfit/{key}", ([], []))
-                steps.append(step)
-                values.append(float(value))
-
-        for r in records:
-            for key in (
-                "memory_current_bytes",
-                "memory_peak_bytes",
-                "step_seconds",
-                "input_wait_seconds",
-            ):
-                add(key, r["step"], r.get(key))
-            add("loss", r["step"], self._losses.get(r["step"]))
-        for tag, (steps, values) in series.items():
-            self._writer.write(tag, steps, values)
-        self._writer.flush()
+        write_scalars(self._writer, records, self._losses.get)
 
     def _close(self) -> None:
         self._flush(final=True)
@@ -713,28 +502,3 @@ class Watch(keras.callbacks.Callback):
             "micro_batches": dict(self._guarded.summary.micro_batches) if self._guarded else None,
             "findings": sum(f.run == run for f in self.findings),
         }
-
-
-def _others_on_gpu(device: str) -> int | None:
-    """Bytes other processes hold on `device`'s GPU (NVML), or None off GPU / without NVML."""
-    if not device.startswith("GPU"):
-        return None
-    from memfit import devices
-
-    gpus, problem = devices.nvml_gpus()
-    index = int(device.split(":")[-1] or 0)
-    if problem or index >= len(gpus):
-        return None
-    mine = os.getpid()
-    return sum(p.used_bytes or 0 for p in gpus[index].processes if p.pid != mine)
-
-
-def _estimate_bytes(estimate: Any) -> int | None:
-    if estimate is None:
-        return None
-    value = getattr(estimate, "peak_bytes", estimate)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-        raise MemfitError(
-            f"estimate must be a number of bytes or have peak_bytes, got {estimate!r}"
-        )
-    return int(value)

@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import IO, Any
 
@@ -122,6 +122,34 @@ class LogWriter:
         """Write one record as a JSON line."""
         if self._file is not None:
             self._file.write(json.dumps(record, default=json_default) + "\n")
+
+    def write_steps(
+        self,
+        records: Sequence[dict[str, Any]],
+        start: int,
+        loss_of: Callable[[int], float | None],
+        final: bool = False,
+    ) -> int:
+        """Write step lines from `records[start]` on, each with its loss; returns where it stopped.
+
+        A step's loss may come later than its record (Keras logs it after the step): the
+        lines wait for it, unless `final` or 64 of them are waiting (then `"loss": null`).
+
+        Args:
+            records: the run's step records, in step order.
+            start: the first record not written yet.
+            loss_of: a step's own loss, or None when it has not arrived.
+            final: write every record, whether its loss arrived or not.
+        """
+        end = len(records)
+        while start < end:
+            record = records[start]
+            loss = loss_of(record["step"])
+            if loss is None and not final and end - start < 64:
+                break
+            self.write({**record, "loss": None if loss is None else number(loss)})
+            start += 1
+        return start
 
     def flush(self) -> None:
         """Hand what was written to the operating system (a killed run keeps it)."""
