@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 from memfit import cards, devices
 from memfit.errors import MemfitError, UnknownDeviceError
+from memfit.serialize import json_dict
 from memfit.sizes import format_size, parse_size
 
 _DEVICE_RE = re.compile(r"^(?:/?(?:physical_)?device:)?(CPU|GPU):?(\d*)$", re.IGNORECASE)
@@ -124,9 +125,7 @@ class Budget:
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (sizes in bytes)."""
-        data = asdict(self)
-        data["notes"] = list(self.notes)
-        return data
+        return json_dict(self, notes=list(self.notes))
 
     def __str__(self) -> str:
         return f"{format_size(self.usable_bytes)} ({self.name}, {self.source})"

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import contextlib
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 import psutil
+
+from memfit.serialize import json_dict
 
 
 @dataclass(frozen=True)
@@ -31,9 +33,8 @@ class GpuInfo:
     processes: tuple[GpuProcess, ...] = field(default_factory=tuple)
 
     def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["processes"] = [asdict(p) for p in self.processes]
-        return data
+        """A JSON-ready dict (sizes in bytes)."""
+        return json_dict(self, processes=list(self.processes))
 
 
 @dataclass(frozen=True)

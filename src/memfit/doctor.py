@@ -11,6 +11,7 @@ from memfit import devices
 from memfit.backend import tf as tfb
 from memfit.budget import Budget, emulated_budget, emulated_memory_growth
 from memfit.errors import BackendMissingError
+from memfit.serialize import json_dict
 from memfit.sizes import format_size
 
 OK, WARNING, PROBLEM = "ok", "warning", "problem"
@@ -72,19 +73,14 @@ class DoctorReport:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict (sizes in bytes)."""
-        return {
-            "ok": self.ok,
-            "devices": self.devices,
-            "host_memory": self.host_memory,
-            "versions": self.versions,
-            "budget": self.budget.to_dict() if self.budget else None,
-            "emulated_budget": self.emulated_budget.to_dict() if self.emulated_budget else None,
-            "emulated_memory_growth": (emulated_memory_growth() if self.emulated_budget else None),
-            "tensorflow_initialized": self.tensorflow_initialized,
-            "findings": [asdict(f) for f in self.findings],
-            "problems": len(self.problems),
-            "warnings": len(self.warnings),
-        }
+        return json_dict(
+            self,
+            "ok devices host_memory versions budget emulated_budget emulated_memory_growth "
+            "tensorflow_initialized findings problems warnings",
+            emulated_memory_growth=emulated_memory_growth() if self.emulated_budget else None,
+            problems=len(self.problems),
+            warnings=len(self.warnings),
+        )
 
 
 def doctor() -> DoctorReport:

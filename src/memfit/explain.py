@@ -39,6 +39,7 @@ from memfit.attribution import (
     scope_segments,
     strip_suffix,
 )
+from memfit.serialize import json_dict, suffixed
 from memfit.sizes import format_size
 
 GRANULE = 256  # the BFC allocator's rounding
@@ -247,22 +248,12 @@ class Explanation:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict: sizes in bytes with `_bytes` keys."""
-        return {
-            "device": self.device,
-            "allocator": self.allocator,
-            "peak_bytes": self.peak_bytes,
-            "listed_bytes": self.listed_bytes,
-            "measured_peak_bytes": self.measured_peak_bytes,
-            "listed_error": self.listed_error,
-            "by_kind": {f"{k}_bytes": v for k, v in self.by_kind.items()},
-            "per_layer": self.per_layer,
-            "largest": self.largest,
-            "tensors": self.tensors,
-            "peak_op": self.peak_op,
-            "estimate": self.estimate,
-            "top_layers": self.top_layers,
-            "notes": self.notes,
-        }
+        return json_dict(
+            self,
+            "device allocator peak_bytes listed_bytes measured_peak_bytes listed_error by_kind "
+            "per_layer largest tensors peak_op estimate top_layers notes",
+            by_kind=suffixed(self.by_kind, "_bytes"),
+        )
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Explanation:

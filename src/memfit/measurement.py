@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import statistics
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 from memfit.budget import Budget
+from memfit.serialize import json_dict
 from memfit.sizes import format_size
 
 
@@ -67,18 +68,16 @@ class Measurement:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict: sizes in bytes (`*_bytes`), times in seconds (`*_seconds`)."""
-        data = asdict(self)
-        data["budget"] = self.budget.to_dict() if self.budget else None
-        data["step_bytes"] = self.step_bytes
-        data["peak_spread_bytes"] = self.peak_spread_bytes
-        data["peak_min_bytes"] = min(self.peaks_bytes) if self.peaks_bytes else None
-        data["peak_median_bytes"] = (
-            int(statistics.median(self.peaks_bytes)) if self.peaks_bytes else None
+        peaks = self.peaks_bytes
+        return json_dict(
+            self,
+            step_bytes=self.step_bytes,
+            peak_spread_bytes=self.peak_spread_bytes,
+            peak_min_bytes=min(peaks) if peaks else None,
+            peak_median_bytes=int(statistics.median(peaks)) if peaks else None,
+            headroom_bytes=self.headroom_bytes,
+            repeats=len(peaks),
         )
-        data["headroom_bytes"] = self.headroom_bytes
-        data["repeats"] = len(self.peaks_bytes)
-        data["explanation"] = self.explanation.to_dict() if self.explanation else None
-        return data
 
     def __str__(self) -> str:
         if self.oom:

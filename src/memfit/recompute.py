@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from memfit.errors import RecomputeError
+from memfit.serialize import json_dict
 from memfit.sizes import format_size, parse_size
 
 Segments = str | int | Sequence[str]
@@ -86,14 +87,7 @@ class RecomputeReport:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict (bytes per sample in `*_bytes`)."""
-        return {
-            "policy": self.policy,
-            "segments": [s.__dict__.copy() for s in self.segments],
-            "boundaries": self.boundaries,
-            "candidates": self.candidates,
-            "kept_bytes": self.kept_bytes,
-            "activation_bytes": self.activation_bytes,
-        }
+        return json_dict(self, "policy segments boundaries candidates kept_bytes activation_bytes")
 
     def __str__(self) -> str:
         recomputed = [s for s in self.segments if s.recomputed]

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
+
+from memfit.serialize import json_dict
 
 
 @dataclass
@@ -35,10 +37,6 @@ class DemoResult:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict."""
-        return {
-            "ok": self.ok,
-            "memory": self.memory,
-            "report_path": self.report_path,
-            "demo_seconds": round(self.seconds, 1),
-            "steps": [asdict(s) for s in self.steps],
-        }
+        return json_dict(
+            self, "ok memory report_path demo_seconds steps", demo_seconds=round(self.seconds, 1)
+        )

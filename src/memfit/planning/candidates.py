@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 from memfit.budget import Budget
 from memfit.planning.strategy import limit_bytes
+from memfit.serialize import json_dict
 from memfit.sizes import format_size
 
 
@@ -66,7 +67,7 @@ class Candidate:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict (sizes in bytes, times in seconds)."""
-        return {**asdict(self), "estimated_only": self.estimated_only}
+        return json_dict(self, estimated_only=self.estimated_only)
 
 
 @dataclass
@@ -156,28 +157,14 @@ class Plan:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict (sizes in bytes, times in seconds)."""
-        return {
-            "batch_size": self.batch_size,
-            "replicas": self.replicas,
-            "per_replica_batch_size": self.per_replica_batch_size,
-            "allreduce_bytes": self.allreduce_bytes,
-            "micro_batch_size": self.micro_batch_size,
-            "accumulation_steps": self.accumulation_steps,
-            "micro_batches": self.micro_batches,
-            "precision": self.precision,
-            "remat": self.remat,
-            "peak_bytes": self.peak_bytes,
-            "step_seconds": self.step_seconds,
-            "fits": self.fits,
-            "budget": self.budget.to_dict(),
-            "margin": self.margin,
-            "limit_bytes": limit_bytes(self.budget.usable_bytes, self.margin),
-            "candidates": [c.to_dict() for c in self.candidates],
-            "confirmed": self.confirmed,
-            "confirmation": self.confirmation,
-            "note": self.note,
-            "plan_seconds": self.seconds,
-        }
+        return json_dict(
+            self,
+            "batch_size replicas per_replica_batch_size allreduce_bytes micro_batch_size "
+            "accumulation_steps micro_batches precision remat peak_bytes step_seconds fits "
+            "budget margin limit_bytes candidates confirmed confirmation note plan_seconds",
+            limit_bytes=limit_bytes(self.budget.usable_bytes, self.margin),
+            plan_seconds=self.seconds,
+        )
 
     def summary(self) -> str:
         """One or two sentences for people."""
