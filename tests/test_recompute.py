@@ -131,6 +131,60 @@ def test_policies_sqrt_count_size_and_layer_names() -> None:
         memfit.recompute(model, "often")
 
 
+class _Chain:
+    """A layer graph stand-in: layers in a row, layer i producing tensor i of `sizes[i]` bytes."""
+
+    def __init__(self, sizes: list[int]) -> None:
+        import types
+
+        self.sizes = sizes
+        self.steps = [types.SimpleNamespace(node=object(), outputs=[i]) for i in range(len(sizes))]
+
+    def step_bytes(self, index: int, batch_size: int = 1) -> int:
+        return self.sizes[index] * batch_size
+
+    def tensor_bytes(self, tensor: int, batch_size: int = 1) -> int:
+        return self.sizes[tensor] * batch_size
+
+    def boundary_bytes(self, tensors: Any, batch_size: int = 1) -> int:
+        return sum(self.tensor_bytes(t, batch_size) for t in tensors)
+
+    def layer_name(self, index: int) -> str:
+        return f"l{index}"
+
+
+def test_cut_policies_on_a_chain_without_tensorflow() -> None:
+    """The cut choice is arithmetic on the graph's bytes: a fake graph needs no Keras."""
+    import types
+
+    from memfit.recompute_cuts import choose_cuts, kept_bytes, recomputed_flags
+
+    chain = _Chain([100] * 10)
+    cuts = [(i, (i,)) for i in range(9)]
+    # sqrt: four segments whose peaks (boundaries held + the segment) are all 400 bytes.
+    assert choose_cuts(chain, cuts, "sqrt", 1) == [3, 6, 8]
+    assert choose_cuts(chain, cuts, "all", 1) == list(range(9))
+    assert choose_cuts(chain, cuts, 2, 1) == [4]
+    assert choose_cuts(chain, cuts, ["l3", "l6"], 1) == [3, 6]
+    # 250 bytes of boundaries: two cuts (200), not three; at batch 2 only one fits.
+    assert choose_cuts(chain, cuts, "250B", 1) == [2, 6]
+    assert kept_bytes(chain, cuts, [2, 6]) == 200
+    assert len(choose_cuts(chain, cuts, "250B", 2)) == 1
+    with pytest.raises(RecomputeError, match="too small"):
+        choose_cuts(chain, cuts, "50B", 1)
+    with pytest.raises(RecomputeError, match="cannot cut after layer 'l9'"):
+        choose_cuts(chain, cuts, ["l9"], 1)
+    with pytest.raises(RecomputeError, match="at least 1"):
+        choose_cuts(chain, cuts, 0, 1)
+    # A narrow tail costs no more to keep whole than to recompute: "sqrt" keeps it.
+    tail = _Chain([100] * 8 + [1, 1])
+    chosen = [1, 3, 5, 7, 8]
+    segments = [types.SimpleNamespace(outputs=[end]) for end in chosen]
+    segments.append(types.SimpleNamespace(outputs=[]))
+    assert recomputed_flags(tail, chosen, segments, False) == [True] * 5 + [False]
+    assert recomputed_flags(tail, chosen, segments, True) == [True] * 4 + [False] * 2
+
+
 def test_sequential_model_gives_the_plain_gradients() -> None:
     import keras
     import tensorflow as tf
