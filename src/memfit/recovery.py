@@ -7,9 +7,10 @@ updates. `history.memfit` and `GuardedStep.summary` are a `FitSummary`.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
+from memfit.serialize import json_dict
 from memfit.sizes import format_size
 
 
@@ -86,9 +87,5 @@ class FitSummary:
     guarded_updates: int = 0
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "micro_batches": dict(self.micro_batches),
-            "recoveries": [asdict(r) for r in self.recoveries],
-            "updates": self.updates,
-            "guarded_updates": self.guarded_updates,
-        }
+        """A JSON-ready dict (sizes in bytes, times in seconds)."""
+        return json_dict(self)

@@ -32,6 +32,7 @@ from memfit.checks import check_batch_size, check_threads
 from memfit.errors import WorkloadError
 from memfit.estimate.bounds import SAMPLES, peak_range
 from memfit.estimate.simulate import Replay, replay
+from memfit.serialize import json_dict, suffixed
 from memfit.sizes import format_size
 from memfit.workload import InputShape, Workload
 
@@ -97,23 +98,13 @@ class Estimate:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict: sizes in bytes with `_bytes` keys."""
-        return {
-            "batch_size": self.batch_size,
-            "peak_bytes": self.peak_bytes,
-            "high_bytes": self.high_bytes,
-            "sample_peaks_bytes": self.sample_peaks_bytes,
-            "resident_bytes": self.resident_bytes,
-            "activations_kept_bytes": self.activations_kept_bytes,
-            "breakdown": {f"{k}_bytes": v for k, v in self.breakdown.items()},
-            "per_layer": self.per_layer,
-            "peak_moment": self.peak_moment,
-            "what_ifs": self.what_ifs,
-            "budget": self.budget.to_dict() if self.budget else None,
-            "fits": self.fits,
-            "input_shapes": self.input_shapes,
-            "trace_seconds": self.trace_seconds,
-            "estimate_seconds": self.estimate_seconds,
-        }
+        return json_dict(
+            self,
+            "batch_size peak_bytes high_bytes sample_peaks_bytes resident_bytes "
+            "activations_kept_bytes breakdown per_layer peak_moment what_ifs budget fits "
+            "input_shapes trace_seconds estimate_seconds",
+            breakdown=suffixed(self.breakdown, "_bytes"),
+        )
 
     def __str__(self) -> str:
         moment = self.peak_moment

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 from memfit.budget import Budget, as_budgets, emulated_budget, tightest_index
@@ -29,6 +29,7 @@ from memfit.search.strategy import (
     SOAK_RISE,
 )
 from memfit.search.trials import CHILD_SAMPLES, TrialRunner
+from memfit.serialize import json_dict
 from memfit.sizes import format_size
 from memfit.workload import InputShape
 
@@ -148,26 +149,13 @@ class BatchSearchResult:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict (sizes in bytes, times in seconds)."""
-        return {
-            "batch_size": self.batch_size,
-            "margin": self.margin,
-            "peak_bytes": self.peak_bytes,
-            "headroom_bytes": self.headroom_bytes,
-            "limit_bytes": self.limit_bytes,
-            "budget": self.budget.to_dict(),
-            "failing_batch_size": self.failing_batch_size,
-            "stopped_by": self.stopped_by,
-            "worst_case_samples": self.worst_case_samples,
-            "largest_sample": self.largest_sample,
-            "trials": [asdict(t) for t in self.trials],
-            "decided_in": self.decided_in,
-            "soak_steps": self.soak_steps,
-            "confirmed_by": self.confirmed_by,
-            "search_seconds": self.seconds,
-            "replicas": self.replicas,
-            "global_batch_size": self.global_batch_size,
-            "allreduce_bytes": self.allreduce_bytes,
-        }
+        return json_dict(
+            self,
+            "batch_size margin peak_bytes headroom_bytes limit_bytes budget failing_batch_size "
+            "stopped_by worst_case_samples largest_sample trials decided_in soak_steps "
+            "confirmed_by search_seconds replicas global_batch_size allreduce_bytes",
+            search_seconds=self.seconds,
+        )
 
     def summary(self) -> str:
         """One or two sentences for people."""

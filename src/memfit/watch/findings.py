@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
+
+from memfit.serialize import json_dict
 
 # Finding kinds, in the order a report lists them.
 KINDS = (
@@ -70,7 +72,7 @@ class WatchFinding:
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict."""
-        return asdict(self)
+        return json_dict(self)
 
     def __str__(self) -> str:
         return f"{self.kind} at step {self.step}: {self.message}"

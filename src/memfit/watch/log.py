@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import IO, Any
 
 from memfit.errors import MemfitError
+from memfit.serialize import json_dict
 
 # 2: a file may hold several runs, each from its own header line; steps carry input_shape.
 LOG_FORMAT = 2
@@ -216,7 +217,7 @@ class Run:
 
     def to_dict(self) -> dict[str, Any]:
         """The run as JSON: header, summary, findings."""
-        return {"header": self.header, "summary": self.summary(), "findings": self.findings}
+        return json_dict(self, "header summary findings", summary=self.summary())
 
 
 def read_log(path: str | os.PathLike[str]) -> list[Run]:
