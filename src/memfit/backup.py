@@ -43,199 +43,50 @@ write nothing (TensorFlow's multi-worker Keras, `distributed_file_utils`, has th
 `workertemp_N` directory it then removes). A last vote waits for the chief's write, then every
 worker prints the same line and exits 143. Every worker is then started again with the same
 `backup_dir` (a shared filesystem, or one machine's directory) and resumes at the same update.
+
+`Backup` puts the parts together for `memfit.fit`: the file and its atomic write are
+`memfit.checkpoint`, the SIGTERM handler and the exit `memfit.preemption`, what a resume checks
+and puts back (data position, metrics, the Watch's log) `memfit.resume`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import inspect
-import json
 import logging
 import os
-import signal
 import sys
-import tempfile
-import threading
-import time
 import warnings
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from memfit.backend import tf as tfb
+from memfit.checkpoint import (
+    BACKUP_FILE,
+    Checkpoint,
+    check_backup_dir,
+    check_same_model,
+    read_checkpoint,
+    remove_checkpoint,
+    state_variables,
+    write_checkpoint,
+)
 from memfit.distributed import Agreement
-from memfit.errors import BackupError, MemfitWarning
+from memfit.errors import BackupError
+from memfit.preemption import PREEMPTED_EXIT_CODE, Sigterm, preempted_line
+from memfit.resume import (
+    check_resumable_data,
+    is_watch,
+    restore_metrics,
+    restore_watch_log,
+    warn_if_reshuffled,
+    watch_state,
+)
 
 logger = logging.getLogger("memfit")
 
-BACKUP_FILE = "memfit-backup.npz"
-"""The checkpoint's file name inside `backup_dir`."""
-
-PREEMPTED_EXIT_CODE = 143
-"""Exit status after a SIGTERM checkpoint: 128 + SIGTERM (TensorFlow's restartable code)."""
-
-FORMAT = 1
-_TEMP_PREFIX = ".memfit-backup-"
-# Test hook: a file path; the checkpoint write numbered MEMFIT_BACKUP_TEST_PAUSE_AT (from 1)
-# creates it once its temporary file is written, then sleeps before the replace (so a test
-# can kill -9 the process in the middle of the write).
-_PAUSE_ENV = "MEMFIT_BACKUP_TEST_PAUSE"
-_PAUSE_AT_ENV = "MEMFIT_BACKUP_TEST_PAUSE_AT"
-
-
-@dataclass
-class Checkpoint:
-    """One saved training state of `memfit.fit` (see `memfit.backup`).
-
-    Attributes:
-        epoch: the epoch to resume in (from 0).
-        step: batches of that epoch already trained (skipped on resume).
-        updates: the optimizer's iteration count.
-        micro_batches: K per input shape (`FitSummary.micro_batches`).
-        reason: why it was written: `"preempted"`, `"epoch"`, `"updates"` or `"end"`.
-        model: the model's name.
-        names: the saved variables' paths, in order.
-        variables: their values (model variables, then the optimizer's).
-        metrics: the values of the model's metric variables (the epoch's running means).
-        summary: the `FitSummary` so far, as a dict.
-        watch: what a `memfit.Watch` exposed: `steps`, `findings`, `log_path`, `log` (the
-            text of its log file when written), or None without a Watch.
-        written_at: when it was written (seconds since the epoch).
-    """
-
-    epoch: int
-    step: int
-    updates: int
-    micro_batches: dict[str, int]
-    reason: str
-    model: str
-    names: list[str] = field(default_factory=list)
-    variables: list[np.ndarray] = field(default_factory=list, repr=False)
-    metrics: list[np.ndarray] = field(default_factory=list, repr=False)
-    summary: dict[str, Any] = field(default_factory=dict, repr=False)
-    watch: dict[str, Any] | None = field(default=None, repr=False)
-    written_at: float = 0.0
-
-    def state(self) -> dict[str, Any]:
-        """Everything but the arrays, as JSON-ready data (the checkpoint's `state` entry)."""
-        out = {
-            f.name: getattr(self, f.name)
-            for f in dataclasses.fields(self)
-            if f.name not in ("variables", "metrics")
-        }
-        out["format"] = FORMAT
-        out["shapes"] = [list(v.shape) for v in self.variables]
-        out["dtypes"] = [str(v.dtype) for v in self.variables]
-        return out
-
-
-def check_backup_dir(backup_dir: Any) -> str:
-    """Return `backup_dir` as a path; create it if missing; refuse a file or a read-only dir.
-
-    Raises:
-        BackupError: one line saying what is wrong with the directory.
-    """
-    if isinstance(backup_dir, bool) or not isinstance(backup_dir, (str, os.PathLike)):
-        raise BackupError(f"backup_dir must be a directory path, got {backup_dir!r}")
-    path = os.fspath(backup_dir)
-    if not path:
-        raise BackupError("backup_dir is empty: give a directory for the checkpoint")
-    if os.path.exists(path) and not os.path.isdir(path):
-        raise BackupError(f"backup_dir {path} is a file, not a directory: give a directory")
-    try:
-        os.makedirs(path, exist_ok=True)
-    except OSError as exc:
-        raise BackupError(f"backup_dir {path} cannot be created ({exc.strerror})") from None
-    if not os.access(path, os.W_OK | os.X_OK):
-        raise BackupError(f"backup_dir {path} is not writable: give a directory you can write")
-    return path
-
-
-def write_checkpoint(backup_dir: str, checkpoint: Checkpoint) -> str:
-    """Write `checkpoint` into `backup_dir` atomically; the previous one stays until then.
-
-    Args:
-        backup_dir: an existing, writable directory.
-        checkpoint: what to save.
-
-    Returns:
-        The checkpoint file's path.
-
-    Example:
-        ```python
-        path = write_checkpoint("/tmp/backup", checkpoint)
-        assert read_checkpoint("/tmp/backup").updates == checkpoint.updates
-        ```
-    """
-    final = os.path.join(backup_dir, BACKUP_FILE)
-    _remove_temporaries(backup_dir)
-    checkpoint.written_at = time.time()
-    arrays = {f"v{i}": np.asarray(v) for i, v in enumerate(checkpoint.variables)}
-    arrays.update({f"m{i}": np.asarray(v) for i, v in enumerate(checkpoint.metrics)})
-    arrays["state"] = np.array(json.dumps(checkpoint.state(), default=_json_default))
-    fd, temp = tempfile.mkstemp(prefix=_TEMP_PREFIX, suffix=".npz", dir=backup_dir)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            np.savez(f, **arrays)
-            f.flush()
-            _pause_for_test()
-            os.fsync(f.fileno())
-        os.replace(temp, final)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.remove(temp)
-        raise
-    _fsync_dir(backup_dir)
-    return final
-
-
-def read_checkpoint(backup_dir: str | os.PathLike[str]) -> Checkpoint | None:
-    """The checkpoint in `backup_dir`, or None when there is none.
-
-    Raises:
-        BackupError: the file is there but cannot be read (not memfit's, damaged).
-
-    Example:
-        ```python
-        checkpoint = read_checkpoint("/tmp/backup")
-        if checkpoint is not None:
-            print(checkpoint.epoch, checkpoint.step, checkpoint.micro_batches)
-        ```
-    """
-    path = os.path.join(os.fspath(backup_dir), BACKUP_FILE)
-    if not os.path.exists(path):
-        return None
-    try:
-        with np.load(path, allow_pickle=False) as data:
-            state = json.loads(str(data["state"]))
-            count = len(state["names"])
-            variables = [data[f"v{i}"] for i in range(count)]
-            metrics = [data[f"m{i}"] for i in range(sum(k.startswith("m") for k in data.files))]
-    except Exception as exc:  # a truncated or foreign file: zipfile, KeyError, ValueError...
-        raise BackupError(
-            f"the checkpoint {path} cannot be read ({type(exc).__name__}: {exc}): delete it "
-            f"to train from the start"
-        ) from None
-    if state.get("format") != FORMAT:
-        raise BackupError(
-            f"the checkpoint {path} has format {state.get('format')!r}, this memfit reads "
-            f"{FORMAT}: delete it to train from the start"
-        )
-    known = {f.name for f in dataclasses.fields(Checkpoint)}
-    values = {k: v for k, v in state.items() if k in known}
-    return Checkpoint(**values, variables=variables, metrics=metrics)
-
-
-def remove_checkpoint(backup_dir: str) -> None:
-    """Remove the checkpoint (and leftover temporary files); the directory too when empty."""
-    _remove_temporaries(backup_dir)
-    with contextlib.suppress(FileNotFoundError):
-        os.remove(os.path.join(backup_dir, BACKUP_FILE))
-    with contextlib.suppress(OSError):
-        os.rmdir(backup_dir)  # only when empty: never a user's other files
+__all__ = ["BACKUP_FILE", "PREEMPTED_EXIT_CODE", "Backup", "read_checkpoint"]
 
 
 class Backup:
@@ -280,8 +131,7 @@ class Backup:
         self._skip = 0  # batches to skip in the resumed epoch (its first call)
         self._restored = False
         self._since_save = 0
-        self._signalled: int | None = None
-        self._stopped = False  # exited for the signal
+        self.sigterm = Sigterm()  # noted while fit runs; `stopped` once exited for it
         self._metrics_pending = False  # the resumed epoch's metrics wait for the first step
         self.agreement: Agreement | None = None  # the workers' votes (inactive in one process)
         self.chief = True  # this process writes the checkpoint
@@ -311,8 +161,8 @@ class Backup:
         strategy = model.distribute_strategy
         self.agreement = Agreement(strategy)
         self.chief = bool(getattr(strategy.extended, "should_checkpoint", True))
-        self.watch = next((c for c in callbacks or [] if _is_watch(c)), None)
-        _check_resumable_data(x, steps_per_epoch)
+        self.watch = next((c for c in callbacks or [] if is_watch(c)), None)
+        check_resumable_data(x, steps_per_epoch)
         checkpoint = self.resumed
         if checkpoint is None:
             self.epoch = initial_epoch
@@ -321,18 +171,8 @@ class Backup:
             self._restore()  # before anything runs: a wrong checkpoint stops here, untouched
         self._skip = checkpoint.step
         self.epoch = checkpoint.epoch
-        seeded = tfb.import_tf().compat.v1.get_seed(None)[0] is not None
-        if checkpoint.step and shuffle and not _is_dataset(x) and not seeded:
-            warnings.warn(
-                f"resuming epoch {checkpoint.epoch + 1} after its batch {checkpoint.step} "
-                f"with shuffle=True and no random seed: this process shuffles the arrays anew, "
-                f"so the rest of the epoch is a new permutation (some samples twice, some "
-                f"not); call keras.utils.set_random_seed(...) before fit, or pass "
-                f"shuffle=False, for a resume that repeats the uninterrupted run",
-                MemfitWarning,
-                stacklevel=3,
-            )
-        self._restore_watch_log()
+        warn_if_reshuffled(checkpoint, x, shuffle)
+        restore_watch_log(self.watch, checkpoint.watch)
         where = f"epoch {checkpoint.epoch + 1}" + (
             f", after its batch {checkpoint.step}" if checkpoint.step else ""
         )
@@ -354,40 +194,11 @@ class Backup:
             with model.distribute_strategy.scope():
                 optimizer.build(model.trainable_variables)
         variables = state_variables(model, optimizer)
-        path = os.path.join(self.backup_dir, BACKUP_FILE)
-        theirs = [(list(v.shape), str(v.dtype)) for v in checkpoint.variables]
-        ours = [(list(v.shape), _dtype_name(v)) for v in variables]
-        if theirs != ours:
-            first = next(
-                (i for i, (a, b) in enumerate(zip(theirs, ours, strict=False)) if a != b),
-                min(len(theirs), len(ours)),
-            )
-            detail = (
-                f"{len(theirs)} variables saved, {len(ours)} in this model"
-                if len(theirs) != len(ours)
-                else f"{checkpoint.names[first]} is {theirs[first][0]} {theirs[first][1]} "
-                f"there, {variables[first].path} is {ours[first][0]} {ours[first][1]} here"
-            )
-            raise BackupError(
-                f"the checkpoint {path} is of another model ({checkpoint.model!r}: {detail}): "
-                f"use another backup_dir, or delete it to train from the start"
-            )
+        check_same_model(checkpoint, variables, self.backup_dir)
         for v, value in zip(variables, checkpoint.variables, strict=True):
             tfb.assign_exact(v, value)
         self.step.resume_micro_batches(checkpoint.micro_batches)
         self._restored = True
-
-    def _restore_watch_log(self) -> None:
-        """Put the Watch log of the interrupted run back; the resumed run is appended to it."""
-        saved = (self.resumed.watch or {}) if self.resumed is not None else {}
-        log_path = getattr(self.watch, "log_path", None)
-        if self.watch is None or not log_path or saved.get("log") is None:
-            return
-        with open(log_path, "w", encoding="utf-8") as f:
-            f.write(saved["log"])
-        # The resumed run is appended after the runs the log holds, numbered on from them.
-        runs = sum('"type": "header"' in line for line in saved["log"].splitlines())
-        self.watch.runs = max(int(self.watch.runs), runs)
 
     # -- during fit ---------------------------------------------------------------------------
     def _skipping(self, train_function: Any) -> Any:
@@ -418,24 +229,14 @@ class Backup:
         main thread (where Python cannot install handlers) nothing is installed: the
         periodic checkpoints still are written.
         """
-        if threading.current_thread() is not threading.main_thread():
-            logger.warning("memfit: fit runs off the main thread: SIGTERM is not caught")
-            yield
-            return
-
-        def note(signum: int, frame: Any) -> None:
-            self._signalled = signum
-
-        previous = signal.signal(signal.SIGTERM, note)
-        try:
+        with self.sigterm.catching():
+            if not self.sigterm.installed:
+                yield
+                return
             with warnings.catch_warnings():
                 if self._skip:  # the resumed epoch ends early in Keras' eyes: say nothing
                     warnings.filterwarnings("ignore", message="Your input ran out of data")
                 yield
-        finally:
-            signal.signal(signal.SIGTERM, previous)
-            if self._signalled is not None and not self._stopped:
-                signal.raise_signal(signal.SIGTERM)
 
     def callback(self) -> Any:
         """A Keras callback that counts batches, saves, and stops on SIGTERM."""
@@ -471,27 +272,9 @@ class Backup:
             self._metrics_pending = not self._restore_metrics(None)
 
     def _restore_metrics(self, iterator: Any) -> bool:
-        """Put back the resumed epoch's running metrics (Keras has just reset them).
-
-        Keras builds compiled metrics when the first step is traced (under no strategy): then
-        they are built here first, as Keras does under a strategy, from the data's spec.
-        """
+        """Put back the resumed epoch's running metrics (see `memfit.resume.restore_metrics`)."""
         saved = self.resumed.metrics if self.resumed is not None else []
-        metrics = list(self.model.metrics_variables)
-        spec = getattr(iterator, "element_spec", None)
-        build = getattr(self.model, "_symbolic_build", None)
-        if len(metrics) != len(saved) and spec is not None and build is not None:
-            try:
-                build(data_batch=spec)
-            except Exception as exc:  # the metrics of one epoch's log are not worth a stop
-                logger.debug("memfit: the metrics could not be built to restore: %s", exc)
-            metrics = list(self.model.metrics_variables)
-        if len(metrics) != len(saved):
-            return False
-        for v, value in zip(metrics, saved, strict=True):
-            if tuple(v.shape) == value.shape:
-                tfb.assign_exact(v, value)
-        return True
+        return restore_metrics(self.model, saved, iterator)
 
     def _batch_end(self, steps: int | None) -> None:
         self.batch += 1
@@ -516,7 +299,7 @@ class Backup:
 
     def _stop_voted(self) -> bool:
         """Whether this worker, or any other (a vote under several workers), was signalled."""
-        signalled = self._signalled is not None
+        signalled = self.sigterm.signum is not None
         if self.agreement is None or not self.agreement.active:
             return signalled
         return self.agreement.any(signalled, "the vote on stopping for a SIGTERM")
@@ -531,28 +314,20 @@ class Backup:
             # Nobody exits before the chief's checkpoint is whole (or known to have failed).
             failed = self.agreement.any(failure is not None, "the vote after the checkpoint")
             if failed and failure is None:
-                self._stopped = True
+                self.sigterm.stopped = True
                 raise BackupError(
                     f"preempted, but the chief worker could not write the checkpoint {path} "
                     f"(its own error is in its log): the job cannot resume from this stop"
                 )
         if failure is not None:
-            self._stopped = True
+            self.sigterm.stopped = True
             raise failure
-        name = signal.Signals(self._signalled or signal.SIGTERM).name
-        where = (
-            f"epoch {self.epoch + 1}, batch {self.batch}" + (f" of {steps}" if steps else "")
-            if self.batch
-            else f"the end of epoch {self.epoch}"
-        )
-        text = (
-            f"memfit: preempted ({name}) after update {self._iterations()} ({where}); "
-            f"checkpoint written to {path}; run the same memfit.fit again to resume "
-            f"(exit status {PREEMPTED_EXIT_CODE})"
+        text = preempted_line(
+            self.sigterm.signum, self._iterations(), self.epoch, self.batch, steps, path
         )
         logger.info(text)
         print(text, file=sys.stderr, flush=True)
-        self._stopped = True
+        self.sigterm.stopped = True
         raise SystemExit(PREEMPTED_EXIT_CODE)
 
     # -- the checkpoint -----------------------------------------------------------------------
@@ -576,117 +351,12 @@ class Backup:
             variables=[np.array(v.numpy(), copy=True) for v in variables],
             metrics=[np.array(v.numpy(), copy=True) for v in model.metrics_variables],
             summary=self.step.summary.to_dict(),
-            watch=self._watch_state(),
+            watch=watch_state(self.watch),
         )
         self._since_save = 0
         if not self.chief:
             return os.path.join(self.backup_dir, BACKUP_FILE)
         return write_checkpoint(self.backup_dir, checkpoint)
 
-    def _watch_state(self) -> dict[str, Any] | None:
-        watch = self.watch
-        if watch is None:
-            return None
-        log_path = getattr(watch, "log_path", None)
-        log = None
-        if hasattr(watch, "flush"):
-            watch.flush()  # the steps of the epoch under way too
-        if log_path and os.path.exists(log_path):
-            with open(log_path, encoding="utf-8") as f:
-                log = f.read()
-        return {
-            "log_path": log_path,
-            "log": log,
-            "steps": list(getattr(watch, "steps", [])),
-            "findings": [
-                dataclasses.asdict(f) if dataclasses.is_dataclass(f) else str(f)
-                for f in getattr(watch, "findings", [])
-            ],
-        }
-
     def _iterations(self) -> int:
         return int(self.step.optimizer.iterations.numpy())
-
-
-def state_variables(model: Any, optimizer: Any) -> list[Any]:
-    """The variables a checkpoint holds: the model's (with seed states), then the optimizer's."""
-    seen: set[int] = set()
-    out = []
-    for v in [*model.variables, *optimizer.variables]:
-        if id(v) not in seen:
-            seen.add(id(v))
-            out.append(v)
-    return out
-
-
-def _check_resumable_data(x: Any, steps_per_epoch: int | None) -> None:
-    """Refuse data whose epochs a resume cannot find its place in."""
-    if steps_per_epoch is not None:
-        raise BackupError(
-            "backup_dir resumes inside an epoch by skipping the batches it already trained, "
-            "which needs each epoch to be one pass over the data: leave steps_per_epoch out "
-            "(take() the dataset to the epoch's length instead)"
-        )
-    if _is_dataset(x):
-        cardinality = x.cardinality  # a method; a number on a DistributedDataset
-        cardinality = int(cardinality() if callable(cardinality) else cardinality)
-        if cardinality < 0:
-            kind = "infinite (repeat())" if cardinality == -1 else "unknown (filter, generator)"
-            raise BackupError(
-                f"backup_dir needs to know an epoch's length, and the dataset's is {kind}: "
-                f"drop repeat(), or add .apply(tf.data.experimental.assert_cardinality(N))"
-            )
-    elif inspect.isgenerator(x) or (hasattr(x, "__next__") and not hasattr(x, "__len__")):
-        raise BackupError(
-            "backup_dir needs data it can go through again from the start each epoch, not a "
-            "Python generator: pass arrays, a tf.data.Dataset or a keras.utils.PyDataset"
-        )
-
-
-def _is_dataset(x: Any) -> bool:
-    return type(x).__module__.startswith("tensorflow") and hasattr(x, "cardinality")
-
-
-def _is_watch(callback: Any) -> bool:
-    return type(callback).__name__ == "Watch" and hasattr(callback, "findings")
-
-
-def _dtype_name(variable: Any) -> str:
-    return str(np.dtype(tfb.import_tf().as_dtype(variable.dtype).as_numpy_dtype))
-
-
-def _json_default(value: Any) -> Any:
-    if isinstance(value, np.generic):
-        return value.item()
-    return str(value)
-
-
-def _remove_temporaries(backup_dir: str) -> None:
-    for name in os.listdir(backup_dir):
-        if name.startswith(_TEMP_PREFIX):
-            with contextlib.suppress(OSError):
-                os.remove(os.path.join(backup_dir, name))
-
-
-def _fsync_dir(path: str) -> None:
-    with contextlib.suppress(OSError):  # not every platform lets a directory be opened
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
-_writes = 0
-
-
-def _pause_for_test() -> None:
-    global _writes
-    marker = os.environ.get(_PAUSE_ENV)
-    if not marker:
-        return
-    _writes += 1
-    if _writes == int(os.environ.get(_PAUSE_AT_ENV, "1")):
-        with open(marker, "w") as f:
-            f.write(str(os.getpid()))
-        time.sleep(60)
