@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
+
+from memfit.serialize import json_dict
 
 
 @dataclass
@@ -68,7 +70,8 @@ class AuditResult:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict (snake_case keys, times in `*_seconds`)."""
-        data = asdict(self)
-        data["ok"] = self.ok
-        data["batches_per_second"] = self.elements_per_second if self.batch_size else None
-        return data
+        return json_dict(
+            self,
+            ok=self.ok,
+            batches_per_second=self.elements_per_second if self.batch_size else None,
+        )

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
+
+from memfit.serialize import json_dict
 
 DEFAULT_BATCH_SIZE = 8
 
@@ -110,26 +112,18 @@ class CheckResult:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict (snake_case keys, sizes in `*_bytes`, times in `*_seconds`)."""
-        return {
-            "ok": self.ok,
-            "files": self.files,
-            "records": self.records,
-            "valid_records": self.valid_records,
-            "invalid_records": self.records - self.valid_records,
-            "objects": self.objects,
-            "errors": len(self.errors),
-            "warnings": len(self.warnings),
-            "problem_counts": self.counts(),
-            "problems": [asdict(p) for p in self.problems],
-            "resolution_histogram": self.resolution_histogram,
-            "resolutions": self.resolutions,
-            "objects_histogram": self.objects_histogram,
-            "largest": [asdict(i) for i in self.largest],
-            "batch_size": self.batch_size,
-            "largest_batch_float32_bytes": self.largest_batch_bytes(),
-            "memory": self.memory,
-            "check_seconds": round(self.seconds, 3),
-        }
+        return json_dict(
+            self,
+            "ok files records valid_records invalid_records objects errors warnings "
+            "problem_counts problems resolution_histogram resolutions objects_histogram largest "
+            "batch_size largest_batch_float32_bytes memory check_seconds",
+            invalid_records=self.records - self.valid_records,
+            errors=len(self.errors),
+            warnings=len(self.warnings),
+            problem_counts=self.counts(),
+            largest_batch_float32_bytes=self.largest_batch_bytes(),
+            check_seconds=round(self.seconds, 3),
+        )
 
     def summary(self) -> str:
         """One line: records, problems, verdict."""
