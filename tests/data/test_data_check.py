@@ -289,3 +289,28 @@ def test_empty_file_and_huge_image_are_problems(tmp_path):
     assert proc.returncode == 1, proc.stderr
     payload = json.loads(proc.stdout)
     assert [p["kind"] for p in payload["problems"]] == ["no_records"]
+
+
+def test_declared_size_that_disagrees_with_the_image_is_a_size_mismatch(tmp_path):
+    image = np.zeros((40, 60, 3), dtype=np.uint8)
+    encoded = synth.encode_image(image, "png")
+    path = write_records(
+        str(tmp_path / "sizes.tfrecord"),
+        [
+            synth.od_api_example(encoded, 50, 60, [[4, 4, 20, 30]], [1], image_format="png"),
+            synth.od_api_example(_flat_png(30, 20), 31, 20, [[2, 2, 10, 10]], [1], "png"),
+        ],
+    )
+
+    def mismatches(result) -> list[str]:
+        return [p.message for p in result.problems if p.kind == "size_mismatch"]
+
+    assert mismatches(memfit.data.check([path])) == [
+        "image/height x image/width say 50x60, the image is 40x60 (height x width)",
+        "image/height x image/width say 31x20, the image is 30x20 (height x width)",
+    ]
+    # An image over max_pixels is not decoded: its size is read from the header.
+    assert mismatches(memfit.data.check([path], max_pixels=100)) == [
+        "image/height x image/width say 50x60, the image header says 40x60 (height x width)",
+        "image/height x image/width say 31x20, the image header says 30x20 (height x width)",
+    ]

@@ -45,22 +45,28 @@ def dataset_chain(graph: Any) -> list[Any]:
     return chain
 
 
-def function_ops(graph: Any, node: Any) -> set[str]:
-    """Ops the functions a node runs contain (nested functions included)."""
+def node_functions(graph: Any, node: Any) -> list[Any]:
+    """The functions (`FunctionDef`s) a node runs, nested functions included, each once."""
     library = {f.signature.name: f for f in graph.library.function}
     seen: set[str] = set()
-    ops: set[str] = set()
+    functions = []
     pending = [v.func.name for v in node.attr.values() if v.HasField("func")]
     while pending:
         name = pending.pop()
         if name in seen or name not in library:
             continue
         seen.add(name)
+        functions.append(library[name])
         for inner in library[name].node_def:
-            ops.add(inner.op)
             pending.extend(v.func.name for v in inner.attr.values() if v.HasField("func"))
-            pending.extend(inner.op for _ in [0] if inner.op in library)
-    return ops
+            if inner.op in library:
+                pending.append(inner.op)
+    return functions
+
+
+def function_ops(graph: Any, node: Any) -> set[str]:
+    """Ops the functions a node runs contain (nested functions included)."""
+    return {inner.op for function in node_functions(graph, node) for inner in function.node_def}
 
 
 def const_bytes(node: Any) -> int:

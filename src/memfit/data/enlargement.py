@@ -7,7 +7,7 @@ from typing import Any
 
 from memfit.backend import tf as tfb
 from memfit.data.audit_result import AuditFinding, AuditResult
-from memfit.data.dataset_graph import base_op, dataset_chain, function_ops
+from memfit.data.dataset_graph import base_op, dataset_chain, function_ops, node_functions
 from memfit.data.memory import enlarge_memory
 from memfit.sizes import format_size
 
@@ -143,21 +143,10 @@ def _scales_by_image(graph: Any, node: Any) -> bool:
     """Whether a map scales images by a size computed in the map (a factor of the image's
     own size, a random scale), rather than resizing to a constant target or resizing and
     padding to a fixed canvas (the model's input size)."""
-    library = {f.signature.name: f for f in graph.library.function}
-    pending = [v.func.name for v in node.attr.values() if v.HasField("func")]
-    seen: set[str] = set()
     computed = padded = False
-    while pending:
-        name = pending.pop()
-        if name in seen or name not in library:
-            continue
-        seen.add(name)
-        function = library[name]
+    for function in node_functions(graph, node):
         inner = {n.name: n for n in function.node_def}
         for n in function.node_def:
-            pending.extend(v.func.name for v in n.attr.values() if v.HasField("func"))
-            if n.op in library:
-                pending.append(n.op)
             padded = padded or n.op in ("Pad", "PadV2", "MirrorPad")
             if n.op not in _RESIZE_OPS or len(n.input) < 2:
                 continue

@@ -124,11 +124,7 @@ def check_example(
             f"was not decoded; resize it (or raise max_pixels / --max-pixels if it is meant)",
         )
         if height is not None and (height, width) != header:
-            add(
-                "size_mismatch",
-                f"image/height x image/width say {height}x{width}, the image header says "
-                f"{rows}x{cols} (height x width)",
-            )
+            add("size_mismatch", _mismatch((height, width), header, "the image header says"))
         height, width = header
         encoded = None  # not decoded
     if encoded is not None and decode:
@@ -141,11 +137,7 @@ def check_example(
             decoded = None
         if decoded is not None:
             if height is not None and (height, width) != decoded:
-                add(
-                    "size_mismatch",
-                    f"image/height x image/width say {height}x{width}, the image is "
-                    f"{decoded[0]}x{decoded[1]} (height x width)",
-                )
+                add("size_mismatch", _mismatch((height, width), decoded, "the image is"))
             height, width = decoded
             fmt = values.get("image/format", [b""])[0].decode("utf-8", "replace").lower()
             actual = image_format(encoded)
@@ -158,6 +150,13 @@ def check_example(
     if height is not None and width is not None:
         info = ImageInfo(path, index, int(height), int(width), int(height) * int(width) * 3)
     return problems, info, count
+
+
+def _mismatch(declared: tuple[int, int], found: tuple[int, int], what: str) -> str:
+    return (
+        f"image/height x image/width say {declared[0]}x{declared[1]}, {what} "
+        f"{found[0]}x{found[1]} (height x width)"
+    )
 
 
 def _check_boxes(
