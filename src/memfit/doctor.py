@@ -94,9 +94,11 @@ def doctor() -> DoctorReport:
         carries the fix.
 
     Example:
-        >>> report = memfit.doctor()
-        >>> for finding in report.problems:
-        ...     print(finding.message, "->", finding.fix)
+        ```python
+        report = memfit.doctor()
+        for finding in report.problems:    # what this machine gets wrong, if anything
+            print(finding.message, "->", finding.fix)
+        ```
     """
     report = DoctorReport()
     _check_host(report)

@@ -67,8 +67,8 @@ def emulate(
     Example:
         ```python
         import memfit
-        memfit.emulate("2GiB")          # or memfit.emulate(device="T4")
-        model = build_model()           # training now raises OOM beyond 2 GiB
+        memfit.emulate("1GiB")          # or memfit.emulate(device="T4")
+        model = build_model()           # training now raises OOM beyond 1 GiB
         ```
     """
     global _applied

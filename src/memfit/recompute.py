@@ -195,8 +195,7 @@ def recompute(model: Any, segments: Segments = "sqrt", *, batch_size: int = 1) -
 
     Example:
         ```python
-        model = keras.applications.ResNet50(weights=None)
-        model.compile("adam", "sparse_categorical_crossentropy")
+        model = build_model()              # a compiled Keras model
         with memfit.recompute(model, "sqrt") as plan:
             print(plan.report)
             model.fit(x, y, batch_size=32)
