@@ -35,6 +35,7 @@ from rich.console import Console
 from rich.table import Table
 
 from bench.machine import describe
+from bench.models import box_dataset, detector_cnn
 from bench.trials import FIT_STEPS, ROOT
 
 console = Console(stderr=True)
@@ -107,32 +108,9 @@ def measure_side(card: str, models: dict[str, list[Any]]) -> dict[str, Any]:
     return out
 
 
-def _recovery_model() -> Any:
-    import keras
-
-    keras.utils.set_random_seed(1)
-    inputs = keras.Input((None, None, 3))
-    h = keras.layers.Conv2D(32, 3, padding="same", activation="relu")(inputs)
-    h = keras.layers.Conv2D(32, 3, padding="same", activation="relu")(h)
-    h = keras.layers.MaxPooling2D()(h)
-    h = keras.layers.Conv2D(64, 3, padding="same", activation="relu")(h)
-    h = keras.layers.GlobalAveragePooling2D()(h)
-    model = keras.Model(inputs, keras.layers.Dense(4)(h))
-    model.compile(optimizer="adam", loss="mse")
-    return model
-
-
 def _recovery_data() -> Any:
-    import numpy as np
-    import tensorflow as tf
-
-    rng = np.random.default_rng(0)
-    shards = []
-    for size in (64, 256):  # yesterday's images, then today's at 4x the resolution
-        x = rng.uniform(0, 1, (32, size, size, 3)).astype("float32")
-        y = rng.uniform(0, 1, (32, 4)).astype("float32")
-        shards.append(tf.data.Dataset.from_tensor_slices((x, y)).batch(16))
-    return shards[0].concatenate(shards[1])
+    """Yesterday's images (64x64), then today's at 4x the resolution (256x256), by 16."""
+    return box_dataset((64, 256))
 
 
 def recovery_side() -> dict[str, Any]:
@@ -150,14 +128,14 @@ def recovery_side() -> dict[str, Any]:
 
     out: dict[str, Any] = {}
     try:
-        _recovery_model().fit(_recovery_data(), epochs=1, verbose=0)
+        detector_cnn().fit(_recovery_data(), epochs=1, verbose=0)
         out["plain_fit"] = "completed"
     except Exception as exc:  # noqa: BLE001 - only an OOM is the expected outcome
         if not tfb.is_oom(exc):
             raise
         out["plain_fit"] = "out of memory"
     start = time.perf_counter()
-    history = memfit.fit(_recovery_model(), _recovery_data(), epochs=2, verbose=0)
+    history = memfit.fit(detector_cnn(), _recovery_data(), epochs=2, verbose=0)
     summary = history.memfit
     out.update(
         epochs=len(history.history["loss"]),

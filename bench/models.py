@@ -121,3 +121,65 @@ def accuracy_model(name: str, size: int, batch: int, optimizer: Any) -> tuple[An
         return regnetx002((size, size, 3), classes=10), None
     factory = getattr(keras.applications, name)
     return factory(weights=None, input_shape=(size, size, 3), classes=10), None
+
+
+def detector_cnn(seed: int = 1, optimizer: Any = None) -> Any:
+    """A small detector-style CNN without BatchNorm, for RGB images of any size, compiled.
+
+    Conv, conv, max-pool, conv, global pooling, a 4-number box head; mse. The tests build the
+    same network (`tests/factories.py`); the benchmarks' real-OOM runs train it on
+    `box_dataset`.
+
+    Args:
+        seed: `keras.utils.set_random_seed` before the layers are built (same weights).
+        optimizer: the optimizer it is compiled with (default: Adam, learning rate 1e-3).
+
+    Returns:
+        A compiled `keras.Model`.
+
+    Example:
+        >>> detector_cnn().count_params()
+        28900
+    """
+    import keras
+
+    keras.utils.set_random_seed(seed)
+    inputs = keras.Input((None, None, 3))
+    h = keras.layers.Conv2D(32, 3, padding="same", activation="relu")(inputs)
+    h = keras.layers.Conv2D(32, 3, padding="same", activation="relu")(h)
+    h = keras.layers.MaxPooling2D()(h)
+    h = keras.layers.Conv2D(64, 3, padding="same", activation="relu")(h)
+    h = keras.layers.GlobalAveragePooling2D()(h)
+    model = keras.Model(inputs, keras.layers.Dense(4)(h))
+    model.compile(optimizer=optimizer or keras.optimizers.Adam(1e-3), loss="mse")
+    return model
+
+
+def box_dataset(sizes: tuple[int, ...], per_size: int = 32, batch: int = 16) -> Any:
+    """Random RGB images and 4-number boxes, `per_size` at each of `sizes` in turn, batched.
+
+    Args:
+        sizes: the image sides, in order (e.g. `(64, 256)`: today's images at 4x the size).
+        per_size: samples at each size.
+        batch: the batch size (each size's samples are batched apart).
+
+    Returns:
+        A `tf.data.Dataset` of `(x, y)` float32 batches (numbers drawn with seed 0).
+
+    Example:
+        >>> [tuple(x.shape) for x, _ in box_dataset((64, 128), 16, 16)]
+        [(16, 64, 64, 3), (16, 128, 128, 3)]
+    """
+    import numpy as np
+    import tensorflow as tf
+
+    rng = np.random.default_rng(0)
+    parts = []
+    for size in sizes:
+        x = rng.uniform(0, 1, (per_size, size, size, 3)).astype("float32")
+        y = rng.uniform(0, 1, (per_size, 4)).astype("float32")
+        parts.append(tf.data.Dataset.from_tensor_slices((x, y)).batch(batch))
+    dataset = parts[0]
+    for part in parts[1:]:
+        dataset = dataset.concatenate(part)
+    return dataset

@@ -40,6 +40,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from bench.models import box_dataset, detector_cnn
 from bench.trials import ROOT
 
 console = Console(stderr=True)
@@ -239,36 +240,9 @@ def child_main(function: str, payload: str) -> None:
     print(RESULT_MARK + json.dumps(result), flush=True)
 
 
-def _cnn(seed: int = 1, optimizer: Any = None) -> Any:
-    import keras
-
-    keras.utils.set_random_seed(seed)
-    inputs = keras.Input((None, None, 3))
-    h = keras.layers.Conv2D(32, 3, padding="same", activation="relu")(inputs)
-    h = keras.layers.Conv2D(32, 3, padding="same", activation="relu")(h)
-    h = keras.layers.MaxPooling2D()(h)
-    h = keras.layers.Conv2D(64, 3, padding="same", activation="relu")(h)
-    h = keras.layers.GlobalAveragePooling2D()(h)
-    model = keras.Model(inputs, keras.layers.Dense(4)(h))
-    model.compile(optimizer=optimizer or keras.optimizers.Adam(1e-3), loss="mse")
-    return model
-
-
 def _resolution_dataset(resolutions: list[int]) -> tuple[Any, int]:
     """Two batches of 16 per resolution, in order; and the number of samples."""
-    import numpy as np
-    import tensorflow as tf
-
-    rng = np.random.default_rng(0)
-    parts = []
-    for size in resolutions:
-        x = rng.uniform(0, 1, (2 * BATCH, size, size, 3)).astype("float32")
-        y = rng.uniform(0, 1, (2 * BATCH, 4)).astype("float32")
-        parts.append(tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH))
-    dataset = parts[0]
-    for part in parts[1:]:
-        dataset = dataset.concatenate(part)
-    return dataset, 2 * BATCH * len(resolutions)
+    return box_dataset(tuple(resolutions), 2 * BATCH, BATCH), 2 * BATCH * len(resolutions)
 
 
 def _flaky_adam(updates: int, oom_at: list[int]) -> Any:
@@ -309,7 +283,7 @@ def oom_child(resolutions: list[int], apply_ooms: list[int], epochs: int) -> dic
 
     dataset, samples = _resolution_dataset(resolutions)
     updates = len(resolutions) * 2 * epochs
-    model = _cnn(optimizer=_flaky_adam(updates, apply_ooms))
+    model = detector_cnn(optimizer=_flaky_adam(updates, apply_ooms))
     watch = memfit.Watch(verbose=False)
     history = memfit.fit(
         model, dataset, epochs=epochs, verbose=0, guard_update=True, callbacks=[watch]
@@ -332,7 +306,7 @@ def oom_reference_child(
     import memfit
 
     dataset, _ = _resolution_dataset(resolutions)
-    model = _cnn()
+    model = detector_cnn()
     step = memfit.GuardedStep(model, guard_update=True, verbose=False)
     step.resume_micro_batches(micro_batches)
     for _ in range(epochs):
@@ -364,7 +338,7 @@ def train_child(
     rng = np.random.default_rng(0)
     x = rng.uniform(0, 1, (8 * TRAIN_BATCHES, 32, 32, 3)).astype("float32")
     y = rng.uniform(0, 1, (8 * TRAIN_BATCHES, 4)).astype("float32")
-    model = _cnn()
+    model = detector_cnn()
 
     class Announce(keras.callbacks.Callback):
         def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
@@ -599,7 +573,8 @@ def part_sigterm(sizes: Sizes, seed: int) -> dict[str, Any]:
     """Run 2: one run, SIGTERM at `preemptions` random updates, each resumed."""
     import numpy as np
 
-    from memfit.backup import BACKUP_FILE, PREEMPTED_EXIT_CODE, read_checkpoint
+    from memfit.checkpoint import BACKUP_FILE, read_checkpoint
+    from memfit.preemption import PREEMPTED_EXIT_CODE
 
     started = time.perf_counter()
     total = sizes.train_epochs * TRAIN_BATCHES
@@ -692,7 +667,7 @@ def part_kill9(sizes: Sizes, seed: int) -> dict[str, Any]:
     """Run 3: one run, `kill -9` in the middle of `kills` checkpoint writes, each resumed."""
     import numpy as np
 
-    from memfit.backup import BACKUP_FILE, read_checkpoint
+    from memfit.checkpoint import BACKUP_FILE, read_checkpoint
 
     started = time.perf_counter()
     total = sizes.train_epochs * TRAIN_BATCHES

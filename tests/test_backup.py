@@ -178,26 +178,15 @@ def test_kill_9_mid_write_then_sigterm_mid_epoch_then_resume_equals_uninterrupte
     assert [sum(r["type"] == "step" for r in run) for run in runs] == [4, 7, 7]  # 18 updates
 
 
-# Two shards, the second at twice the resolution: under 128 MiB it needs K > 1 (test_fit).
+# factories.detector_cnn on factories.box_dataset: two shards, the second at twice the
+# resolution, where under 128 MiB it needs K > 1 (test_fit).
 SHARDS = """
+import sys
+sys.path.insert(0, {tests!r})
 import memfit
-import keras, numpy as np, tensorflow as tf
-keras.utils.set_random_seed(1)
-inputs = keras.Input((None, None, 3))
-h = keras.layers.Conv2D(32, 3, padding="same", activation="relu")(inputs)
-h = keras.layers.Conv2D(32, 3, padding="same", activation="relu")(h)
-h = keras.layers.MaxPooling2D()(h)
-h = keras.layers.Conv2D(64, 3, padding="same", activation="relu")(h)
-h = keras.layers.GlobalAveragePooling2D()(h)
-model = keras.Model(inputs, keras.layers.Dense(4)(h))
-model.compile(optimizer=keras.optimizers.Adam(1e-3), loss="mse")
-rng = np.random.default_rng(0)
-parts = []
-for size in (64, 128):
-    x = rng.uniform(0, 1, (32, size, size, 3)).astype("float32")
-    y = rng.uniform(0, 1, (32, 4)).astype("float32")
-    parts.append(tf.data.Dataset.from_tensor_slices((x, y)).batch(16))
-history = memfit.fit(model, parts[0].concatenate(parts[1]), epochs={epochs}, verbose=0,
+from factories import box_dataset, detector_cnn
+model = detector_cnn()
+history = memfit.fit(model, box_dataset(), epochs={epochs}, verbose=0,
                      backup_dir={backup!r}, keep_backup=True)
 emit(dict(summary=history.memfit.to_dict(), iterations=int(model.optimizer.iterations)))
 """
@@ -207,10 +196,10 @@ emit(dict(summary=history.memfit.to_dict(), iterations=int(model.optimizer.itera
 def test_resume_keeps_k_per_input_shape_without_a_new_recovery(tmp_path: Path) -> None:
     budget = {"MEMFIT_MEMORY": "128MiB"}
     backup = str(tmp_path / "backup")
-    first = run_isolated(SHARDS.format(epochs=1, backup=backup), env=budget)
+    first = run_isolated(SHARDS.format(tests=TESTS, epochs=1, backup=backup), env=budget)
     big = "16x128x128x3|16x4"
     assert first["summary"]["recoveries"] and first["summary"]["micro_batches"][big] > 1
-    second = run_isolated(SHARDS.format(epochs=2, backup=backup), env=budget)
+    second = run_isolated(SHARDS.format(tests=TESTS, epochs=2, backup=backup), env=budget)
     assert second["iterations"] == 8  # resumed at epoch 2: 4 updates more
     assert second["summary"]["recoveries"] == []
     assert second["summary"]["micro_batches"][big] == first["summary"]["micro_batches"][big]

@@ -2,40 +2,23 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 from helpers import run_isolated
 
-# A small detector-style CNN without BatchNorm: convolutions, global pooling, a box head.
-MODEL = """
+TESTS = os.path.dirname(os.path.abspath(__file__))
+
+# Children train factories.detector_cnn (convolutions, global pooling, a box head) on
+# factories.box_shards / box_dataset (two shards, the later at twice the resolution).
+MODEL = f"""
+import sys
+sys.path.insert(0, {TESTS!r})
 import memfit  # first: applies MEMFIT_MEMORY before TensorFlow is imported
 import keras, numpy as np
-def build(seed=1, optimizer=None):
-    keras.utils.set_random_seed(seed)
-    inputs = keras.Input((None, None, 3))
-    h = keras.layers.Conv2D(32, 3, padding="same", activation="relu")(inputs)
-    h = keras.layers.Conv2D(32, 3, padding="same", activation="relu")(h)
-    h = keras.layers.MaxPooling2D()(h)
-    h = keras.layers.Conv2D(64, 3, padding="same", activation="relu")(h)
-    h = keras.layers.GlobalAveragePooling2D()(h)
-    model = keras.Model(inputs, keras.layers.Dense(4)(h))
-    model.compile(optimizer=optimizer or keras.optimizers.Adam(1e-3), loss="mse")
-    return model
-
-def shards(small=64, big=128, per_shard=32, seed=0):
-    # Two shards of a detection-style dataset: the later one at twice the resolution.
-    rng = np.random.default_rng(seed)
-    out = []
-    for size in (small, big):
-        x = rng.uniform(0, 1, (per_shard, size, size, 3)).astype("float32")
-        y = rng.uniform(0, 1, (per_shard, 4)).astype("float32")
-        out.append((x, y))
-    return out
-
-def dataset(batch=16):
-    import tensorflow as tf
-    parts = [tf.data.Dataset.from_tensor_slices(s).batch(batch) for s in shards()]
-    return parts[0].concatenate(parts[1])
+from factories import box_dataset, box_shards
+from factories import detector_cnn as build
 
 def weights(model):
     return [w.tolist() for w in model.get_weights()]
@@ -88,12 +71,12 @@ out = {{}}
 if mode == "plain":
     m = build()
     try:
-        m.fit(dataset(), epochs=2, verbose=0)
+        m.fit(box_dataset(), epochs=2, verbose=0)
         out["plain"] = "completed"
     except tf.errors.ResourceExhaustedError:
         out["plain"] = "ResourceExhaustedError"
 m = build()
-h = memfit.fit(m, dataset(), epochs=2, verbose=0)
+h = memfit.fit(m, box_dataset(), epochs=2, verbose=0)
 out.update(weights=weights(m), iterations=int(m.optimizer.iterations),
            epochs=len(h.history["loss"]), summary=h.memfit.to_dict())
 emit(out)
@@ -179,7 +162,7 @@ tf.config.set_logical_device_configuration(
 strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
 with strategy.scope():
     m = build()
-x, y = shards(small=128, big=128, per_shard=32)[0]
+x, y = box_shards((128,))[0]
 h = memfit.fit(m, x, y, batch_size=32, epochs=1, shuffle=False, verbose=0)
 agree = all(
     np.array_equal(v.value.values[0].numpy(), v.value.values[1].numpy())
