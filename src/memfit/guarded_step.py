@@ -343,13 +343,28 @@ class GuardedStep:
 
         Args:
             micro_batches: K per input-shape key, as in `FitSummary.micro_batches`.
+
+        Example:
+            ```python
+            step = memfit.GuardedStep(model)
+            step.resume_micro_batches({"32x32x32x3|32": 2})  # an earlier run's summary
+            ```
         """
         for key, k in micro_batches.items():
             self._k[str(key)] = check_positive_int(k, "micro_batches")
 
     @property
     def trace_count(self) -> int:
-        """How many step functions were traced (one per input shape and K)."""
+        """How many step functions were traced (one per input shape and K).
+
+        Example:
+            ```python
+            step = memfit.GuardedStep(model)
+            for batch in dataset.take(2):
+                step(batch)
+            print(step.trace_count)  # 1: one input shape, one K
+            ```
+        """
         return len(self._traced)
 
     def _reset_peak(self) -> None:
