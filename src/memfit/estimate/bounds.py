@@ -13,13 +13,14 @@ takes the highest peak, plus an allowance for the histories the samples do not r
 
 With several inter-op threads each thread runs depth first, as the single thread does, and
 hands the other ready ops to the pool, where an idle thread takes them: half the samples
-replay that depth-first order, the other half the ready-queue model of several threads.
+replay that depth-first order (the likely peak's model), the other half the ready-queue
+model of several threads (`replay(..., race=True)`: which ready op runs first is a race).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from memfit.estimate.simulate import replay
@@ -75,11 +76,14 @@ def peak_range(
         ```
     """
     peaks: list[int] = []
-    depth_first = replace(graph, inter_op_threads=1) if graph.inter_op_threads > 1 else graph
     for i in range(samples):
-        played = depth_first if i % 2 == 0 else graph
         result = replay(
-            played, steps=STEPS, region_bytes=region_bytes, order_seed=seed + i, warmups=WARMUPS
+            graph,
+            steps=STEPS,
+            region_bytes=region_bytes,
+            order_seed=seed + i,
+            warmups=WARMUPS,
+            race=i % 2 == 1,
         )
         peaks.append(result.peak_bytes)
         if on_sample is not None:

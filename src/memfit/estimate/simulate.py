@@ -1,11 +1,15 @@
 """Replay a traced training step through a model of TensorFlow's allocator, without running it.
 
-The replay follows TensorFlow's executor. With one inter-op thread (what memfit measures and
-predicts by default, see `memfit.backend.tf_trace.trace_step`) ops run in the order of
-`single_thread_order`, the executor's own policy: depth first along one chain, other ready
-branches waiting on a stack. With several inter-op threads on several CPUs, ops run in
-ready-queue (first in, first out) order, and ops that are ready together run together: the
-scratch of the largest other ready op is counted beside the running one's. Each op allocates
+The replay follows TensorFlow's executor. Ops run in the order of `single_thread_order`, the
+executor's own policy: depth first along one chain, other ready branches waiting on a stack.
+That holds for each thread: with several inter-op threads on several CPUs each thread runs
+its chain depth first and the ops it hands to the pool wait, so a weight gradient that the
+first backward chain handed off (a layer shared by several inputs: a detector's heads at each
+pyramid level) is computed near the end of the backward pass, and the other inputs' gradients
+of that weight stay live until their sum (`AddN`) can run. Ops ready at the same time may
+run together: the scratch of the largest other ready op is counted beside the running one's.
+`replay(..., race=True)` plays the other reading of several threads, a ready queue (first
+in, first out; which ready op runs first is a race), for the high bound. Each op allocates
 its outputs (rounded up to the BFC allocator's 256-byte granules) unless an output is a view of
 an input (Reshape, Identity, variable reads) or the kernel takes over an input buffer that
 nothing else holds (`forward_input_or_allocate_output`); its kernel's scratch is held while it
@@ -110,6 +114,7 @@ def replay(
     region_bytes: int | None = None,
     order_seed: int | None = None,
     warmups: int = 1,
+    race: bool = False,
 ) -> Replay:
     """Replay `graph` (a `memfit.backend.tf_graph.StepGraph`) and find its peak.
 
@@ -127,13 +132,20 @@ def replay(
     warm-up steps (the process's allocator history) and once for the measured steps (an
     instantiation's order is the same in all its steps). None: grappler's node order.
 
+    `race`: under several inter-op threads, play ops in ready-queue order (which of the ops
+    made ready together runs first is a race) instead of each thread's depth-first order.
+    TensorFlow's threads run depth first: a RetinaNet step's measured peak (192 px, default
+    threading) holds four of the five pyramid levels' weight gradients of each shared head
+    kernel until the fifth, handed off by the first chain, is computed near the end of the
+    backward pass; the ready queue sums them as they come and holds none.
+
     Known limit: with one inter-op thread the executor's order is fixed when a process
     instantiates the step but not the same in every process (an op with more than four
     out-edges meets its consumers in address order): VGG16 96 px batch 2 Adam measured
     771, 900 and 1017 MiB in three processes; the replay plays grappler's node order.
     """
     rng = random.Random(order_seed) if order_seed is not None else None
-    return _replay_once(graph, warmup, steps, region_bytes, rng, max(1, warmups))
+    return _replay_once(graph, warmup, steps, region_bytes, rng, max(1, warmups), race)
 
 
 def _replay_once(
@@ -143,6 +155,7 @@ def _replay_once(
     region_bytes: int | None,
     rng: random.Random | None = None,
     warmups: int = 1,
+    race: bool = False,
 ) -> Replay:
     bfc = BFC(region_bytes)
     resident: list[Live] = []
@@ -165,19 +178,20 @@ def _replay_once(
     for name, nbytes in zip(graph.arguments, graph.argument_bytes, strict=True):
         handle = bfc.allocate(nbytes)
         resident += _chunk(bfc, handle, nbytes, "inputs", "", name)
-    single = int(graph.inter_op_threads) == 1
+    fixed = int(graph.inter_op_threads) == 1 or not race
     if warmup:
         for _ in range(warmups if rng is not None else 1):
             seed = rng.random() if rng is not None else None
-            _run(graph, bfc, variables, execution_order(graph, seed) if single else None, seed)
+            order = execution_order(graph, seed) if fixed else None
+            _run(graph, bfc, variables, order, seed, race)
     seed = rng.random() if rng is not None else None
-    order = execution_order(graph, seed) if single else None
+    order = execution_order(graph, seed) if fixed else None
     best: Replay | None = None
     before = bfc.in_use
     for _ in range(max(1, steps)):
         bfc.reset_peak()
         before_step = bfc.in_use
-        result = _run(graph, bfc, variables, order, seed)
+        result = _run(graph, bfc, variables, order, seed, race)
         result.resident_bytes = before_step
         result.peak_bytes = before_step + result.step_peak_bytes
         if best is None or result.peak_bytes > best.peak_bytes:
@@ -254,6 +268,7 @@ def _run(
     variables: dict[str, int] | None = None,
     order: list[int] | None = None,
     seed: float | None = None,
+    race: bool = False,
 ) -> Replay:
     ops = graph.ops
     index, consumers, preds, succs, phases, layers, feeds_update = _structure(graph)
@@ -433,7 +448,8 @@ def _run(
             for j in succs[op_index]:
                 indegree[j] -= 1
                 if indegree[j] == 0:
-                    ready.append(j)
+                    if not fixed:
+                        ready.append(j)
                     queued.add(j)
 
     for name in graph.arguments:
@@ -442,12 +458,16 @@ def _run(
     indegree = [len(p) for p in preds]
     recent: list[int] = []
     position: dict[int, int] = {}
-    if threads == 1:
+    if order is not None or threads == 1 or not race:
+        # A fixed order: each thread's depth-first policy (`single_thread_order`). Under
+        # several threads the ops made ready and not yet run are the ones that may run beside.
         ready = deque(order if order is not None else execution_order(graph))
-        indegree = [0] * len(ops)  # the order is fixed: nothing is added below
+        queued = {i for i in range(len(ops)) if indegree[i] == 0} if threads > 1 else set()
+        fixed = True
     else:
         ready = deque(i for i in range(len(ops)) if indegree[i] == 0)
-    queued = set(ready) if threads > 1 else set()
+        queued = set(ready)
+        fixed = False
     while ready:
         i = ready.popleft()
         queued.discard(i)
