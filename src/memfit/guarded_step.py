@@ -230,41 +230,6 @@ class GuardedStep:
         self._update_peak = self._peak()
 
     # -- recovery ---------------------------------------------------------------------------
-    def _recover(
-        self,
-        exc: Exception,
-        phase: str,
-        k: int,
-        batch: int,
-        shapes: list[list[int]],
-        update: int,
-        escalate: bool = True,
-    ) -> Recovery:
-        peak = self._peak()
-        gc.collect()
-        if escalate and k >= batch:
-            raise MemfitError(
-                f"even one sample per micro-batch does not fit: the {phase} of a step on "
-                f"{'x'.join(map(str, shapes[0]))} inputs ran out of memory with micro-batches "
-                f"of 1 ({tfb.oom_summary(exc)}"
-                + (f"; peak {format_size(peak)}" if peak else "")
-                + "). Use mixed precision or recompute (`memfit plan` with a model factory "
-                "shows what each saves), smaller inputs, or a card with more memory"
-            ) from None
-        new_k = min(batch, k * 2) if escalate else k
-        recovery = Recovery(
-            update=update,
-            epoch=self.epoch,
-            input_shapes=shapes,
-            phase=phase,
-            old_micro_batches=k,
-            new_micro_batches=new_k,
-            peak_bytes=peak,
-            message=tfb.oom_summary(exc),
-        )
-        self.summary.recoveries.append(recovery)
-        return recovery
-
     def _settle(
         self,
         failure: Exception | None,
@@ -281,10 +246,22 @@ class GuardedStep:
         """
         recovery = None
         if failure is not None and fatal is None:
-            try:
-                recovery = self._recover(failure, phase, k, batch, shapes, update, escalate)
-            except MemfitError as error:
-                fatal = error
+            peak = self._peak()
+            gc.collect()
+            if escalate and k >= batch:
+                fatal = _one_sample_too_big(failure, phase, shapes, peak)
+            else:
+                recovery = Recovery(
+                    update=update,
+                    epoch=self.epoch,
+                    input_shapes=shapes,
+                    phase=phase,
+                    old_micro_batches=k,
+                    new_micro_batches=min(batch, k * 2) if escalate else k,
+                    peak_bytes=peak,
+                    message=tfb.oom_summary(failure),
+                )
+                self.summary.recoveries.append(recovery)
         outcome = CANNOT_GO_ON if fatal else OUT_OF_MEMORY if recovery else WENT_THROUGH
         wanted = recovery.new_micro_batches if recovery is not None else k
         verdict = self._agreement.agree(outcome, wanted, phase == "gradients" and self._guarding())
@@ -418,6 +395,20 @@ def check_trainable_model(model: Any, custom_loop: bool = False) -> None:
             f"micro-batches; use memfit.GuardedStep with a compiled model that keeps Keras' "
             f"train_step, or train it with model.fit"
         )
+
+
+def _one_sample_too_big(
+    exc: Exception, phase: str, shapes: list[list[int]], peak: int | None
+) -> MemfitError:
+    """The error when a phase runs out of memory with one sample per micro-batch."""
+    return MemfitError(
+        f"even one sample per micro-batch does not fit: the {phase} of a step on "
+        f"{'x'.join(map(str, shapes[0]))} inputs ran out of memory with micro-batches "
+        f"of 1 ({tfb.oom_summary(exc)}"
+        + (f"; peak {format_size(peak)}" if peak else "")
+        + "). Use mixed precision or recompute (`memfit plan` with a model factory "
+        "shows what each saves), smaller inputs, or a card with more memory"
+    )
 
 
 def _signature(data: Any) -> tuple[str, list[list[int]], int]:
