@@ -182,6 +182,7 @@ def bench_planner(
     import memfit
     from memfit.isolate import measure_in_child
     from memfit.planning import DEFAULT_MARGIN
+    from memfit.workload_spec import WorkloadSpec
 
     console.rule(f"Planner: {name}, batch {case.batch} under {case.budget}")
     budget = memfit.Budget.from_size(case.budget)
@@ -208,19 +209,14 @@ def bench_planner(
     plan_seconds = time.perf_counter() - start
     grid = []
     for precision, remat, k in itertools.product(precisions, remats, ks):
-        m = measure_in_child(
+        workload = WorkloadSpec(
             case.spec,
-            case.batch,
-            data=case.data,
             input_shape=case.input_shape,
-            optimizer=None,
-            loss=None,
-            repeats=3,
-            budget=budget,
-            micro_batches=k,
+            data=case.data,
             precision=None if precision == "float32" else precision,
             remat=remat,
         )
+        m = measure_in_child(workload, case.batch, repeats=3, budget=budget, micro_batches=k)
         fits = not m.oom and m.peak_bytes is not None and m.peak_bytes <= limit
         grid.append(
             {

@@ -1,9 +1,14 @@
 """Every option of `memfit measure`, `batch` and `plan` reaches the child processes that load,
 estimate and train MODEL (`--classes` and `--unsafe` used to be dropped there, so the answer
-could be for another model than the one asked about)."""
+could be for another model than the one asked about).
+
+The fast tests catch what each path hands its child process (the `WorkloadSpec`, whole) and
+bind it to the child's function; the slow ones run the children and read their answers."""
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import json
 import os
 import subprocess
@@ -11,6 +16,10 @@ from typing import Any
 
 import pytest
 from helpers import run_cli, run_isolated
+
+from memfit import _child
+from memfit.budget import Budget
+from memfit.workload_spec import WorkloadSpec
 
 TESTS = os.path.dirname(__file__)
 ENV = {"PYTHONPATH": TESTS}
@@ -36,6 +45,114 @@ def _one_line_error(proc: subprocess.CompletedProcess[str]) -> str:
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("memfit: error:"), proc.stderr[-3000:]
     return lines[0]
+
+
+# Every option a workload has, away from its default (precision and remat are the plan's).
+SPEC = WorkloadSpec(
+    "keras.applications.MobileNet",
+    input_shape=(32, 32, 3),
+    data="option_models:samples_40px",
+    optimizer="sgd",
+    loss="mse",
+    classes=20000,
+    safe_mode=False,
+    worst_case=True,
+)
+CLI_OPTIONS = (
+    "keras.applications.MobileNet",
+    "--input-shape",
+    "32,32,3",
+    "--data",
+    "option_models:samples_40px",
+    "--optimizer",
+    "sgd",
+    "--loss",
+    "mse",
+    "--classes",
+    "20000",
+    "--unsafe",
+)
+
+
+class _Sent(Exception):
+    """Raised by the fake runner once it has seen what a child would be given."""
+
+
+@pytest.fixture
+def sent(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, dict[str, Any]]]:
+    """What would start a child process: `(function, kwargs)`, read back from JSON as the
+    child reads its job, and checked to bind to the child's function. Nothing starts."""
+    import memfit._runner
+    import memfit.isolate
+
+    calls: list[tuple[str, dict[str, Any]]] = []
+
+    def record(function: str, kwargs: dict[str, Any]) -> None:
+        kwargs = json.loads(json.dumps(kwargs))
+        inspect.signature(getattr(_child, function.partition(":")[2])).bind(**kwargs)
+        calls.append((function, kwargs))
+
+    def run_in_child(function: str, kwargs: dict[str, Any], **_options: Any) -> Any:
+        record(function, kwargs)
+        if function.endswith(":dataset_size"):
+            return 40
+        raise _Sent
+
+    class ChildWorker:
+        def __init__(self, function: str, kwargs: dict[str, Any], **_options: Any) -> None:
+            record(function, kwargs)
+            raise _Sent
+
+    monkeypatch.setattr(memfit.isolate, "run_in_child", run_in_child)
+    monkeypatch.setattr(memfit._runner, "run_in_child", run_in_child)
+    monkeypatch.setattr(memfit._runner, "ChildWorker", ChildWorker)
+    return calls
+
+
+def _arrived(call: tuple[str, dict[str, Any]]) -> WorkloadSpec:
+    return WorkloadSpec.from_json(call[1]["workload"])
+
+
+def test_the_cli_hands_its_children_every_option(sent: list[Any]) -> None:
+    from click.testing import CliRunner
+
+    from memfit.cli import cli
+
+    runner = CliRunner()
+    result = runner.invoke(cli, ["measure", *CLI_OPTIONS, "-b", "2"])
+    assert isinstance(result.exception, _Sent), result.output
+    assert sent[-1][0] == "memfit._child:measure_spec"
+    assert _arrived(sent[-1]) == dataclasses.replace(SPEC, worst_case=False)
+    plan = ["plan", *CLI_OPTIONS, "-b", "4", "--memory", "1GiB", "--precision", "mixed_float16"]
+    result = runner.invoke(cli, [*plan, "--remat", "memfit"])
+    assert isinstance(result.exception, _Sent), result.output
+    assert sent[-1][0] == "memfit._child:open_estimator"
+    assert _arrived(sent[-1]) == SPEC  # with --data, the plan uses the largest samples
+
+
+def test_search_and_plan_hand_their_children_every_option(sent: list[Any]) -> None:
+    from memfit.planning.candidates import Candidate
+    from memfit.planning.trials import PlanTrials
+    from memfit.search.trials import TrialRunner
+
+    with pytest.raises(_Sent):
+        TrialRunner(SPEC, Budget.from_size("1GiB"), None, True)
+    assert sent[-1][0] == "memfit._child:open_measurer" and sent[-1][1]["warm_relaxed"]
+    assert _arrived(sent[-1]) == SPEC
+    trials = PlanTrials(4, Budget.from_size("1GiB"), 2**29, SPEC, 1)
+    candidate = Candidate("mixed_bfloat16", "larger_than", 2, 2)
+    variant = dataclasses.replace(SPEC, precision="mixed_bfloat16", remat="larger_than")
+    with pytest.raises(_Sent):
+        trials.measure(candidate)
+    assert sent[-1][0] == "memfit._child:measure_spec" and sent[-1][1]["micro_batches"] == 2
+    assert _arrived(sent[-1]) == variant
+    with pytest.raises(_Sent):
+        trials.confirm(candidate, 3)
+    assert sent[-1][0] == "memfit._child:confirm_plan" and sent[-1][1]["steps"] == 3
+    assert _arrived(sent[-1]) == variant
+    with pytest.raises(_Sent), trials.estimator():
+        pass
+    assert _arrived(sent[-1]) == SPEC
 
 
 @pytest.fixture(scope="module")

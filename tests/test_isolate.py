@@ -7,6 +7,7 @@ import pytest
 
 from memfit import Budget, MemfitError
 from memfit._runner import run_in_child
+from memfit.workload_spec import WorkloadSpec
 
 HERE = os.path.dirname(__file__)
 
@@ -40,12 +41,10 @@ def test_child_errors_keep_their_message():
         run_in_child(
             "memfit._child:measure_spec",
             {
-                "spec": "keras.applications.MobileNetV2",
+                "workload": WorkloadSpec(
+                    "keras.applications.MobileNetV2", input_shape=(32, 32, 3)
+                ).to_json(),
                 "batch_size": 0,
-                "data": None,
-                "input_shape": [[32, 32, 3]],
-                "optimizer": None,
-                "loss": None,
                 "repeats": 1,
             },
             budget=Budget.from_size("64MiB"),

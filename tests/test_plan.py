@@ -86,14 +86,14 @@ def test_a_choice_that_needs_a_recovery_gives_way_to_more_micro_batches(monkeypa
     monkeypatch.setenv("PYTHONPATH", TESTS)
     from memfit.budget import Budget
     from memfit.planning.planner import Planner
+    from memfit.workload_spec import WorkloadSpec
 
     budget = Budget.from_size("140MiB")
-    args = dict.fromkeys(("data", "input_shape", "optimizer", "loss", "classes"))
     planner = Planner(
         64,
         budget,
         int(budget.usable_bytes * 0.95),
-        child_args={**args, "spec": "factories:small_cnn", "safe_mode": True},
+        workload=WorkloadSpec("factories:small_cnn"),
         repeats=1,
         on_candidate=None,
     )

@@ -8,6 +8,7 @@ import json
 import pickle
 from typing import Any
 
+import click
 import pytest
 
 from memfit.errors import WorkloadError
@@ -100,3 +101,37 @@ def test_what_a_child_cannot_rebuild_is_refused_before_it_starts(
     spec = WorkloadSpec(**fields)  # in process, objects may stand here
     with pytest.raises(WorkloadError, match=message):
         spec.to_json()
+
+
+def test_the_cli_turns_every_workload_option_into_one_argument() -> None:
+    # The one decorator the CLI's commands share: every option arrives in the spec.
+    from memfit.cli.options import workload_options
+
+    seen: list[WorkloadSpec] = []
+
+    @click.command()
+    @workload_options
+    @click.option("--other", default="x")
+    def command(workload: WorkloadSpec, other: str) -> None:
+        seen.append(workload)
+
+    args = [
+        "keras.applications.MobileNet",
+        "--input-shape",
+        "32,32,3",
+        "--classes",
+        "20000",
+        "--optimizer",
+        "sgd",
+        "--loss",
+        "mse",
+        "--data",
+        "option_models:samples_40px",
+        "--unsafe",
+    ]
+    command.main(args=args, standalone_mode=False)
+    expected = dataclasses.replace(FULL, precision=None, remat=None, worst_case=False)
+    expected = dataclasses.replace(expected, saved_data=None, imports=())
+    assert seen == [expected]
+    # The child gets all of it: the JSON a child reads holds every option.
+    assert WorkloadSpec.from_json(json.loads(json.dumps(seen[0].to_json()))) == expected

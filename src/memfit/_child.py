@@ -12,115 +12,55 @@ from typing import Any
 
 
 def measure_spec(
-    spec: str,
+    workload: dict[str, Any],
     batch_size: int,
-    data: str | None,
-    input_shape: list[list[int]] | None,
-    optimizer: str | None,
-    loss: str | None,
     repeats: int,
-    worst_case: bool = False,
     micro_batches: int = 1,
-    precision: str | None = None,
-    remat: str | None = None,
-    classes: int | None = None,
-    safe_mode: bool = True,
     recompute: Any = None,
     explain: bool = False,
 ) -> dict[str, Any]:
-    """Load a MODEL spec and measure it in this (fresh) process.
+    """Build a workload (`WorkloadSpec.to_json`) and measure it in this (fresh) process.
 
-    `precision` and `remat` apply to the layers the spec builds (a dtype policy and a
-    `keras.RematScope` around the build); `classes` and `safe_mode` as in `load_model`;
-    `explain` as in `memfit.measure`.
+    `micro_batches`, `recompute` and `explain` as in `memfit.measure`.
     """
-    measure = open_measurer(
-        spec,
-        data,
-        input_shape,
-        optimizer,
-        loss,
-        worst_case,
-        micro_batches,
-        precision,
-        remat,
-        classes=classes,
-        safe_mode=safe_mode,
-        recompute=recompute,
-    )
+    measure = open_measurer(workload, micro_batches=micro_batches, recompute=recompute)
     return measure(batch_size=batch_size, repeats=repeats, explain=explain)
 
 
 def open_measurer(
-    spec: str,
-    data: str | None,
-    input_shape: list[list[int]] | None,
-    optimizer: str | None,
-    loss: str | None,
-    worst_case: bool = False,
+    workload: dict[str, Any],
     micro_batches: int = 1,
-    precision: str | None = None,
-    remat: str | None = None,
-    saved_data: str | None = None,
-    imports: list[str] | None = None,
     warm_relaxed: bool = False,
-    classes: int | None = None,
-    safe_mode: bool = True,
     recompute: Any = None,
 ) -> Callable[..., dict[str, Any]]:
-    """Load a MODEL spec once; return `measure(batch_size, repeats)` for this process.
+    """Build a workload (`WorkloadSpec.to_json`) once; return `measure(batch_size, repeats)`.
 
-    `classes` (a built-in's classes) and `safe_mode` (False: a trusted `.keras` file may
-    run its Python code, such as a Lambda layer) are passed to `load_model`.
-
-    `saved_data` is a folder written by `tf.data.Dataset.save` (samples a parent process
-    chose), used instead of a `data` spec. `imports`: packages to import first, so that a
-    saved model's classes are registered (keras_hub models, say). `warm_relaxed`: trace the
-    shared relaxed step now (`Workload.warm_relaxed`), so that a first
-    `measure(..., exact=False)` costs only the graph's optimisation and its steps.
+    The model is built under the spec's precision (left set: the process is thrown away) and
+    recompute. `warm_relaxed`: trace the shared relaxed step now (`Workload.warm_relaxed`),
+    so that a first `measure(..., exact=False)` costs only the graph's optimisation and its
+    steps.
     """
-    for name in imports or []:
-        importlib.import_module(name)
-
     from memfit._runner import RESIDENT_MARK
     from memfit.backend import tf as tfb
     from memfit.checks import check_batch_size
     from memfit.errors import MemfitError
     from memfit.measure import measure_workload
-    from memfit.models import load_model
-    from memfit.workload import Workload
+    from memfit.recompute import remat_recompute
+    from memfit.workload_spec import WorkloadSpec
 
-    shape = input_shape[0] if input_shape and len(input_shape) == 1 else input_shape
-    keras = tfb.import_keras()
-    if precision:
-        keras.mixed_precision.set_dtype_policy(precision)
-    from memfit.recompute import remat_recompute, remat_scope
-
-    scope = remat_scope(remat)
-    recompute = recompute or remat_recompute(remat)
-    dataset = load_dataset(data) if data else None
-    if saved_data:
-        dataset = tfb.import_tf().data.Dataset.load(saved_data)
+    spec = WorkloadSpec.from_json(workload)
+    recompute = recompute or remat_recompute(spec.remat)
     try:
-        with scope:
-            model = load_model(spec, input_shape=shape, classes=classes, safe_mode=safe_mode)
-        workload = Workload(
-            model,
-            optimizer=optimizer,
-            loss=loss,
-            input_shape=shape,
-            data=dataset,
-            worst_case=worst_case,
-        )
-        if workload.model.optimizer is not None and not workload.model.optimizer.built:
-            workload.model.optimizer.build(workload.model.trainable_variables)
+        built = spec.workload(spec.build_model(keep_policy=True))
+        if built.model.optimizer is not None and not built.model.optimizer.built:
+            built.model.optimizer.build(built.model.trainable_variables)
         if recompute:
             # memfit's recompute (`memfit.recompute`), applied for this throwaway process.
             from memfit.recompute import recompute as segmented
 
-            segmented(workload.model, recompute).apply()
+            segmented(built.model, recompute).apply()
         if warm_relaxed:
-            workload.warm_relaxed()
+            built.warm_relaxed()
     except Exception as exc:
         if not tfb.is_oom(exc):
             raise
@@ -160,7 +100,7 @@ def open_measurer(
         )
         with stall:
             return measure_workload(
-                workload,
+                built,
                 int(batch_size),
                 repeats=repeats,
                 device=device,
@@ -177,66 +117,27 @@ def open_measurer(
     return measure
 
 
-def _build_model(
-    spec: str,
-    shape: Any,
-    precision: str | None,
-    remat: str | None,
-    classes: int | None,
-    safe_mode: bool,
-) -> Any:
-    """Build or load MODEL under a dtype policy and `keras.RematScope` (policy restored)."""
-
-    from memfit.backend import tf as tfb
-    from memfit.models import load_model
-
-    keras = tfb.import_keras()
-    previous = keras.mixed_precision.dtype_policy()
-    if precision:
-        keras.mixed_precision.set_dtype_policy(precision)
-    try:
-        from memfit.recompute import remat_scope
-
-        with remat_scope(remat):  # "memfit" recompute wraps the built model's forward
-            return load_model(spec, input_shape=shape, classes=classes, safe_mode=safe_mode)
-    finally:
-        keras.mixed_precision.set_dtype_policy(previous)
-
-
-def _one_shape(input_shape: list[list[int]] | None) -> Any:
-    return input_shape[0] if input_shape and len(input_shape) == 1 else input_shape
-
-
-def open_estimator(
-    spec: str,
-    data: str | None,
-    input_shape: list[list[int]] | None,
-    optimizer: str | None,
-    loss: str | None,
-    classes: int | None = None,
-    safe_mode: bool = True,
-    imports: list[str] | None = None,
-) -> Callable[..., dict[str, Any]]:
+def open_estimator(workload: dict[str, Any]) -> Callable[..., dict[str, Any]]:
     """Return `estimate(precision, remat, batch_size, micro_batches)` for `memfit.plan`.
 
     Each call predicts (with `memfit.estimate`, nothing run) the peak of the step
-    `memfit.fit` runs for the model built under `precision` and `remat`: the model's step at
-    the micro-batch size, plus what a micro-batched step holds besides (the gradient sums
-    and the rest of the batch). One model is alive at a time: a new configuration replaces
-    the last. `estimate(what="device")` answers only the device the child trains on.
+    `memfit.fit` runs for the workload (`WorkloadSpec.to_json`) built under `precision` and
+    `remat`: the model's step at the micro-batch size, plus what a micro-batched step holds
+    besides (the gradient sums and the rest of the batch). One model is alive at a time: a
+    new configuration replaces the last. `estimate(what="device")` answers only the device
+    the child trains on.
     """
-    for name in imports or []:
-        importlib.import_module(name)
+    import dataclasses
     import gc
     import math
 
     from memfit.backend import tf as tfb
     from memfit.estimate import estimate_workload
-    from memfit.workload import Workload
+    from memfit.workload_spec import WorkloadSpec
 
     keras = tfb.import_keras()
-    shape = _one_shape(input_shape)
-    dataset = load_dataset(data) if data else None
+    spec = WorkloadSpec.from_json(workload)
+    dataset = spec.load_data()
     built: dict[tuple[str | None, str | None], Any] = {}
 
     def workload_for(precision: str | None, remat: str | None) -> Any:
@@ -245,15 +146,10 @@ def open_estimator(
             built.clear()
             keras.backend.clear_session()
             gc.collect()
-            model = _build_model(spec, shape, precision, remat, classes, safe_mode)
-            built[key] = Workload(
-                model,
-                optimizer=optimizer,
-                loss=loss,
-                input_shape=shape,
-                data=dataset,
-                worst_case=dataset is not None,
+            variant = dataclasses.replace(
+                spec, precision=precision, remat=remat, data=dataset, saved_data=None
             )
+            built[key] = variant.workload()
         return built[key]
 
     def estimate(
@@ -294,60 +190,38 @@ class _Recovered(Exception):
 
 
 def confirm_plan(
-    spec: str,
-    batch_size: int,
-    micro_batches: int,
-    steps: int,
-    data: str | None,
-    input_shape: list[list[int]] | None,
-    optimizer: str | None,
-    loss: str | None,
-    precision: str | None = None,
-    remat: str | None = None,
-    classes: int | None = None,
-    safe_mode: bool = True,
-    imports: list[str] | None = None,
+    workload: dict[str, Any], batch_size: int, micro_batches: int, steps: int
 ) -> dict[str, Any]:
     """Train `steps` steps of `memfit.fit` at a plan's configuration, in this fresh process.
 
-    The model is built under the plan's precision and recompute, its batch of `batch_size`
-    samples (synthesised, or the dataset's largest) repeats for `steps` updates of `K =
-    micro_batches`. The run stops at the first recovery (the plan did not hold). Training
-    pauses between steps (no allocator-stall watch here): the parent stops the process soon
-    after TensorFlow logs an OOM instead (`run_in_child(oom_grace=...)`).
+    The model is built from the workload (`WorkloadSpec.to_json`) under the plan's precision
+    and recompute, its batch of `batch_size` samples (synthesised, or the dataset's largest)
+    repeats for `steps` updates of `K = micro_batches`. The run stops at the first recovery
+    (the plan did not hold). Training pauses between steps (no allocator-stall watch here):
+    the parent stops the process soon after TensorFlow logs an OOM instead
+    (`run_in_child(oom_grace=...)`).
 
     Returns:
         `steps_done`, `recoveries` (their descriptions), `peak_bytes` (highest step peak),
         `peaks_bytes`, `step_seconds` (median after the first step), `error` (why training
         stopped, when `memfit.fit` gave up).
     """
-    for name in imports or []:
-        importlib.import_module(name)
     import statistics
     import time
 
     import memfit
     from memfit.backend import tf as tfb
     from memfit.errors import MemfitError
-    from memfit.workload import Workload
+    from memfit.recompute import remat_recompute
+    from memfit.workload_spec import WorkloadSpec
 
     tf = tfb.import_tf()
     keras = tfb.import_keras()
-    shape = _one_shape(input_shape)
-    dataset = load_dataset(data) if data else None
-    model = _build_model(spec, shape, precision, remat, classes, safe_mode)
-    from memfit.recompute import remat_recompute
-
-    workload = Workload(
-        model,
-        optimizer=optimizer,
-        loss=loss,
-        input_shape=shape,
-        data=dataset,
-        worst_case=dataset is not None,
-    )
+    spec = WorkloadSpec.from_json(workload)
+    built = spec.workload()
+    model = built.model
     device = tfb.default_device()
-    x, y = workload.batch(int(batch_size))
+    x, y = built.batch(int(batch_size))
     batches = tf.data.Dataset.from_tensors((x, y)).repeat(int(steps))
     peaks: list[int] = []
     times: list[float] = []
@@ -377,7 +251,7 @@ def confirm_plan(
             callbacks=[Recorder()],
             micro_batches=int(micro_batches),
             on_recovery=stop,
-            recompute=remat_recompute(remat),
+            recompute=remat_recompute(spec.remat),
         )
     except _Recovered:
         pass

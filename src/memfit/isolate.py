@@ -1,12 +1,13 @@
 """Measure in a fresh child process: the measurement side of memfit's child processes.
 
 `memfit._runner` starts, feeds and reads the child; this module says what travels to it for
-a measurement (named optimizer, loss and data; a saved model; a recompute policy) and turns
-what comes back into a `Measurement`.
+a measurement (a `WorkloadSpec` whose model is a MODEL string or a saved copy; a recompute
+policy) and turns what comes back into a `Measurement`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import tempfile
 from typing import Any
@@ -15,55 +16,39 @@ from memfit._runner import run_in_child
 from memfit.budget import Budget
 from memfit.errors import WorkloadError
 from memfit.measurement import Measurement
+from memfit.workload_spec import WorkloadSpec
 
 
 def measure_in_child(
-    model: Any,
+    workload: WorkloadSpec,
     batch_size: int,
     *,
-    data: Any,
-    input_shape: Any,
-    optimizer: Any,
-    loss: Any,
     repeats: int,
     budget: Budget | None,
-    worst_case: bool = False,
+    model: Any = None,
     micro_batches: int = 1,
-    precision: str | None = None,
-    remat: str | None = None,
-    classes: int | None = None,
-    safe_mode: bool = True,
     recompute: Any = None,
     explain: bool = False,
 ) -> Measurement:
     """`memfit.measure(..., isolated=True)`: the measurement made in a fresh child process.
 
-    `precision` (a Keras dtype policy) and `remat` (a `keras.RematScope` mode) are set in the
-    child before the model is built, for MODEL strings that build it (factories, built-ins).
-    `classes` (a built-in's classes) and `safe_mode` (False loads a trusted `.keras` file
-    with Lambda layers) reach the child's `load_model`.
+    Args:
+        workload: what the child builds and trains, whole (precision, remat, classes,
+            safe mode and worst-case sampling included).
+        batch_size: samples in the step.
+        repeats: measured steps after the warm-up.
+        budget: the budget the child emulates.
+        model: a Keras model to measure instead of `workload.model` (saved for the child).
+        micro_batches, recompute, explain: as in `memfit.measure`.
     """
-    from memfit.workload import shape_list
-
-    check_child_arguments(optimizer, loss, data)
     with tempfile.TemporaryDirectory(prefix="memfit-model-") as tmp:
-        spec = model if isinstance(model, str) else save_for_child(model, tmp)
         result = run_in_child(
             "memfit._child:measure_spec",
             {
-                "spec": spec,
+                "workload": child_spec(workload, model, tmp).to_json(),
                 "batch_size": int(batch_size),
-                "data": data,
-                "input_shape": [list(s) for s in shape_list(input_shape)] if input_shape else None,
-                "optimizer": optimizer,
-                "loss": loss,
                 "repeats": repeats,
-                "worst_case": worst_case,
                 "micro_batches": micro_batches,
-                "precision": precision,
-                "remat": remat,
-                "classes": classes,
-                "safe_mode": bool(safe_mode),
                 **({"recompute": _recompute_option(recompute)} if recompute else {}),
                 "explain": bool(explain),
             },
@@ -72,16 +57,18 @@ def measure_in_child(
     return measurement_from_child(result, int(batch_size), budget)
 
 
-def check_child_arguments(optimizer: Any, loss: Any, data: Any) -> None:
-    """What travels to a child process must be named: optimizer, loss and data as strings."""
-    for name, value in (("optimizer", optimizer), ("loss", loss)):
-        if value is not None and not isinstance(value, str):
-            raise WorkloadError(f"with isolated=True, {name} must be given by name (a string)")
-    if data is not None and not isinstance(data, str):
-        raise WorkloadError(
-            "with isolated=True, data must be a 'package.module:dataset_fn' string that the "
-            "child process can import"
-        )
+def child_spec(workload: WorkloadSpec, model: Any, folder: str) -> WorkloadSpec:
+    """The workload as a child process takes it: a Keras `model` given beside it (None: the
+    workload's MODEL string) is saved in `folder`, and the spec names the saved file.
+
+    Raises:
+        WorkloadError: the model cannot be saved, or the optimizer, loss or data are objects
+            a child cannot rebuild.
+    """
+    if model is not None:
+        workload.check_named()  # before the model is saved for nothing
+        workload = dataclasses.replace(workload, model=save_for_child(model, folder))
+    return workload.for_child()
 
 
 def measurement_from_child(

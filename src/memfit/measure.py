@@ -17,6 +17,7 @@ from memfit.errors import WorkloadError
 from memfit.measurement import Measurement  # also memfit.measure.Measurement, as before
 from memfit.sizes import format_size
 from memfit.workload import InputShape, Workload
+from memfit.workload_spec import WorkloadSpec
 
 DEFAULT_REPEATS = 3
 
@@ -95,44 +96,58 @@ def measure(
     """
     check_batch_size(batch_size)
     check_positive_int(repeats, "repeats")
-    if isolated:
-        from memfit.isolate import measure_in_child
-
-        return measure_in_child(
-            model,
-            batch_size,
-            data=data,
-            input_shape=input_shape,
-            optimizer=optimizer,
-            loss=loss,
-            repeats=repeats,
-            budget=as_budget(budget) or emulated_budget(),
-            worst_case=worst_case,
-            micro_batches=micro_batches,
-            recompute=recompute,
-            explain=explain,
-        )
-    if isinstance(model, str):
+    if not isolated and isinstance(model, str):
         raise WorkloadError(
             "measure() takes a keras.Model in this process; to measure a MODEL string, "
             "pass isolated=True or load it with memfit.load_model()"
         )
-    progress = on_progress or (lambda _text: None)
-    workload = Workload(
-        model,
-        optimizer=optimizer,
-        loss=loss,
-        input_shape=input_shape,
-        data=data,
-        worst_case=worst_case,
+    workload, given = WorkloadSpec.from_arguments(locals())
+    options = {
+        "repeats": repeats,
+        "budget": as_budget(budget) or emulated_budget(),
+        "micro_batches": micro_batches,
+        "recompute": recompute,
+        "explain": explain,
+    }
+    if isolated:
+        from memfit.isolate import measure_in_child
+
+        return measure_in_child(workload, batch_size, model=given, **options)
+    return measure_built(
+        workload.workload(given), batch_size, device=device, on_progress=on_progress, **options
     )
+
+
+def measure_built(
+    workload: Workload,
+    batch_size: int,
+    *,
+    repeats: int = DEFAULT_REPEATS,
+    budget: Budget | None = None,
+    device: str | None = None,
+    on_progress: Callable[[str], None] | None = None,
+    micro_batches: int = 1,
+    recompute: Any = None,
+    explain: bool = False,
+) -> Measurement:
+    """`memfit.measure` in this process of a `Workload` built once (for several batch sizes).
+
+    Args:
+        workload: the built model and its samples (`WorkloadSpec.workload`).
+        batch_size: samples in the step.
+        repeats, device, on_progress, micro_batches, recompute, explain: as in `measure`.
+        budget: the budget to compare against (default: the emulated one).
+
+    Returns:
+        A `Measurement`.
+    """
     return _recomputing(workload, recompute, measure_workload)(
         workload,
         batch_size,
         repeats=repeats,
         device=device or tfb.default_device(),
-        budget=as_budget(budget) or emulated_budget(),
-        progress=progress,
+        budget=budget or emulated_budget(),
+        progress=on_progress or (lambda _text: None),
         micro_batches=micro_batches,
         explain=explain,
     )

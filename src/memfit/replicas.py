@@ -22,12 +22,15 @@ Example:
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from memfit.budget import Budget
 from memfit.checks import check_batch_size, check_replicas
 from memfit.errors import MemfitError
 from memfit.sizes import format_size
+
+if TYPE_CHECKING:
+    from memfit.workload_spec import WorkloadSpec
 
 
 def replica_count(replicas: int | None = None, strategy: Any = None, budgets: int = 1) -> int:
@@ -107,6 +110,32 @@ def replica_budget(budget: Budget, allreduce_bytes: int, replicas: int) -> Budge
             f"({replicas} replicas: one gradient-sized buffer each)",
         ),
     )
+
+
+def workload_replica_budget(
+    budget: Budget, replicas: int, workload: WorkloadSpec, model: Any = None
+) -> tuple[Budget, int]:
+    """One replica's budget for a workload, and the all-reduce buffer taken off it.
+
+    Args:
+        budget: the tightest replica's budget.
+        replicas: data-parallel replicas (1: the budget as it is, no buffer).
+        workload: what is trained (its MODEL string is built in a child process).
+        model: a Keras model given beside the workload, read here instead.
+
+    Returns:
+        `(budget, allreduce_bytes)`: `replica_budget`'s budget and the buffer (0 with one
+        replica).
+    """
+    if replicas <= 1:
+        return budget, 0
+    buffer = allreduce_bytes(
+        workload.model if model is None else model,
+        input_shape=workload.sample_shape,
+        classes=workload.classes,
+        safe_mode=workload.safe_mode,
+    )
+    return replica_budget(budget, buffer, replicas), buffer
 
 
 def trainable_bytes(

@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 import os
-import sys
 from typing import Any
 
 import click
 from rich.table import Table
 
-from memfit.cli.options import (
-    json_option,
-)
-from memfit.cli.render import err, out, print_json
+from memfit.cli.options import count_option, json_option
+from memfit.cli.render import answer, err, out
 from memfit.models import check_model_spec
 from memfit.sizes import format_size
 
@@ -37,14 +34,7 @@ def data() -> None:
     metavar="MODEL",
     help="Measure what the largest image means for a training step of MODEL.",
 )
-@click.option(
-    "--batch-size",
-    "-b",
-    type=click.IntRange(min=1),
-    default=8,
-    show_default=True,
-    help="Batch size for the memory figures.",
-)
+@count_option("--batch-size", "-b", default=8, help="Batch size for the memory figures.", minimum=1)
 @click.option("--no-decode", is_flag=True, help="Do not decode images (faster, checks less).")
 @click.option(
     "--max-pixels",
@@ -99,11 +89,7 @@ def data_check(
             on_progress=advance,
             max_pixels=max_pixels or MAX_PIXELS,
         )
-    if as_json:
-        print_json(result.to_dict())
-    else:
-        _render_data_check(result)
-    sys.exit(0 if result.ok else 1)
+    answer(result, as_json, _render_data_check, result.ok)
 
 
 def _render_data_check(result: Any) -> None:
@@ -146,13 +132,7 @@ def _render_data_check(result: Any) -> None:
 
 @data.command("audit")
 @click.argument("dataset_fn", metavar="MODULE:DATASET_FN")
-@click.option(
-    "--steps",
-    type=click.IntRange(min=0),
-    default=50,
-    show_default=True,
-    help="Elements to time after the first (0: lint only).",
-)
+@count_option("--steps", default=50, help="Elements to time after the first (0: lint only).")
 @click.option(
     "--target-steps-per-second",
     type=click.FloatRange(min=0, min_open=True),
@@ -193,25 +173,25 @@ def data_audit(
         result = run_audit(
             dataset, steps=steps, target_steps_per_second=target_steps_per_second, model=model
         )
-    if as_json:
-        print_json(result.to_dict())
-    else:
-        out.print(f"Pipeline: {' -> '.join(result.ops)}")
-        for f in result.findings:
-            style = "yellow" if f.severity == "warning" else "cyan"
-            out.print(f"[{style}]{f.severity:>7}[/]  {f.kind}: {f.message}")
-            out.print(f"         fix: {f.fix}")
-        if result.elements_per_second is not None:
-            batches = f", batch {result.batch_size}" if result.batch_size else ""
-            out.print(
-                f"Throughput: {result.elements_per_second:.1f} elements/s, "
-                f"{result.samples_per_second:.1f} samples/s{batches} over {result.steps} "
-                f"elements; first element after {result.first_element_seconds:.2f} s"
-            )
-        if result.element_shapes:
-            shapes = ", ".join("x".join(map(str, s)) for s in result.element_shapes[:4])
-            stored = ", ".join(f"{k} ({v})" for k, v in list(result.stored_sizes.items())[:4])
-            out.print(f"Images: the pipeline yields {shapes}; stored: {stored or 'not read'}")
-        verdict = "no findings" if not result.findings else f"{len(result.findings)} finding(s)"
-        out.print(f"[{'green' if result.ok else 'bold red'}]{verdict}[/]")
-    sys.exit(0 if result.ok else 1)
+    answer(result, as_json, _render_audit, result.ok)
+
+
+def _render_audit(result: Any) -> None:
+    out.print(f"Pipeline: {' -> '.join(result.ops)}")
+    for f in result.findings:
+        style = "yellow" if f.severity == "warning" else "cyan"
+        out.print(f"[{style}]{f.severity:>7}[/]  {f.kind}: {f.message}")
+        out.print(f"         fix: {f.fix}")
+    if result.elements_per_second is not None:
+        batches = f", batch {result.batch_size}" if result.batch_size else ""
+        out.print(
+            f"Throughput: {result.elements_per_second:.1f} elements/s, "
+            f"{result.samples_per_second:.1f} samples/s{batches} over {result.steps} "
+            f"elements; first element after {result.first_element_seconds:.2f} s"
+        )
+    if result.element_shapes:
+        shapes = ", ".join("x".join(map(str, s)) for s in result.element_shapes[:4])
+        stored = ", ".join(f"{k} ({v})" for k, v in list(result.stored_sizes.items())[:4])
+        out.print(f"Images: the pipeline yields {shapes}; stored: {stored or 'not read'}")
+    verdict = "no findings" if not result.findings else f"{len(result.findings)} finding(s)"
+    out.print(f"[{'green' if result.ok else 'bold red'}]{verdict}[/]")

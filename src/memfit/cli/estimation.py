@@ -2,27 +2,21 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import click
 from rich.table import Table
 
 from memfit.checks import check_batch_size, check_threads
-from memfit.cli.options import (
-    apply_budget,
-    budget_options,
-    json_option,
-    load_targets,
-    model_options,
-)
+from memfit.cli.options import apply_budget, count_option, workload_command
 from memfit.cli.render import err, out, print_json
 from memfit.estimate.bounds import ALLOWANCE, SAMPLES
-from memfit.models import check_model_spec
 from memfit.sizes import format_size
+from memfit.workload_spec import WorkloadSpec
 
 
 @click.command()
-@click.argument("model", metavar="MODEL")
 @click.option("--batch-size", "-b", type=int, required=True, help="Samples in the step.")
 @click.option(
     "--precision",
@@ -36,11 +30,9 @@ from memfit.sizes import format_size
     help="Also predict other batch sizes, the largest batch for the budget, and (for "
     "factories and built-ins) mixed precision, remat, the other optimizer, smaller inputs.",
 )
-@click.option(
+@count_option(
     "--samples",
-    type=click.IntRange(min=0),
     default=SAMPLES,
-    show_default=True,
     help="Other processes to replay (executor orders, allocator histories) for the high "
     "bound; 0 leaves the bound out.",
 )
@@ -53,11 +45,9 @@ from memfit.sizes import format_size
 @click.option(
     "--check", is_flag=True, help="Also measure the step (in a child process) and show the error."
 )
-@model_options
-@budget_options
-@json_option
+@workload_command()
 def estimate(
-    model: str,
+    workload: WorkloadSpec,
     batch_size: int,
     precision: str | None,
     remat: str | None,
@@ -65,12 +55,6 @@ def estimate(
     samples: int,
     threads: str | None,
     check: bool,
-    input_shape: Any,
-    classes: int | None,
-    optimizer: str | None,
-    loss: str | None,
-    data_spec: str | None,
-    unsafe: bool,
     memory: str | None,
     device: str | None,
     as_json: bool,
@@ -82,12 +66,12 @@ def estimate(
     gradients, temporaries, kernel workspace), the top layers, when the peak happens, and
     what-ifs.
     """
-    check_model_spec(model)
     check_batch_size(batch_size)
     assumed = check_threads(threads) if threads else None
     if precision == "float32":
         precision = None
     budget = apply_budget(memory, device)
+    model = str(workload.model)
     from memfit.estimate import estimate as run_estimate
 
     with err.status("Loading model", spinner="dots") as status:
@@ -97,39 +81,34 @@ def estimate(
 
         target: Any = model
         data = None
-        if data_spec or model.endswith((".keras", ".h5")) or unsafe:
-            target, data = load_targets(model, data_spec, False, input_shape, classes, unsafe)
+        if workload.data or model.endswith((".keras", ".h5")) or not workload.safe_mode:
+            # Built here: a dataset's samples, and files (--unsafe ones too).
+            target, data = workload.build_model(), workload.load_data()
+        # The workload's own fields, and how far the estimate goes.
+        named = {k: getattr(workload, k) for k in ("input_shape", "optimizer", "loss", "classes")}
+        reach = {"what_ifs": what_ifs, "samples": samples, "threads": assumed}
         result = run_estimate(
             target,
             batch_size,
-            input_shape=input_shape,
-            optimizer=optimizer,
-            loss=loss,
             data=data,
             budget=budget,
             precision=precision,
             remat=remat,
-            classes=classes,
-            what_ifs=what_ifs,
-            samples=samples,
-            threads=assumed,
             on_progress=report,
+            **named,
+            **reach,
         )
         measured = None
         if check:
             status.update("Measuring the step in a child process")
-            from memfit.measure import measure as run_measure
+            from memfit.budget import emulated_budget
+            from memfit.isolate import measure_in_child
+            from memfit.measure import DEFAULT_REPEATS
 
-            measured = run_measure(
-                model,
-                batch_size,
-                isolated=True,
-                input_shape=input_shape,
-                optimizer=optimizer,
-                loss=loss,
-                data=data_spec,
-                budget=budget,
-            )
+            # The step estimated: the same workload, built under the same precision and remat.
+            variant = dataclasses.replace(workload, precision=precision, remat=remat)
+            budget = budget or emulated_budget()
+            measured = measure_in_child(variant, batch_size, repeats=DEFAULT_REPEATS, budget=budget)
     payload = result.to_dict()
     if measured is not None:
         payload["check"] = _estimate_check(result.peak_bytes, measured, result.high_bytes)

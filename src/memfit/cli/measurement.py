@@ -7,21 +7,13 @@ from typing import Any
 import click
 from rich.table import Table
 
-from memfit.cli.options import (
-    apply_budget,
-    batch_sizes,
-    budget_options,
-    json_option,
-    load_targets,
-    model_options,
-)
+from memfit.cli.options import apply_budget, batch_sizes, count_option, workload_command
 from memfit.cli.render import err, out, print_json, render_explanation
-from memfit.models import check_model_spec
 from memfit.sizes import format_size
+from memfit.workload_spec import WorkloadSpec
 
 
 @click.command()
-@click.argument("model", metavar="MODEL")
 @click.option(
     "--batch-size",
     "-b",
@@ -30,13 +22,7 @@ from memfit.sizes import format_size
     show_default=True,
     help="Batch size, or several separated by commas (1,4,16).",
 )
-@click.option(
-    "--repeats",
-    type=click.IntRange(min=1),
-    default=3,
-    show_default=True,
-    help="Measured steps after the warm-up step.",
-)
+@count_option("--repeats", default=3, help="Measured steps after the warm-up step.", minimum=1)
 @click.option(
     "--recompute",
     "recompute",
@@ -57,22 +43,14 @@ from memfit.sizes import format_size
     "from TensorFlow's memory profile of the measured steps, beside memfit estimate's breakdown "
     "of the same step. Needs a budget on a CPU (--memory/--device).",
 )
-@model_options
-@budget_options
-@json_option
+@workload_command()
 def measure(
-    model: str,
+    workload: WorkloadSpec,
     batch_size: list[int],
     repeats: int,
     in_process: bool,
     recompute: str | None,
     explain: bool,
-    input_shape: Any,
-    classes: int | None,
-    optimizer: str | None,
-    loss: str | None,
-    data_spec: str | None,
-    unsafe: bool,
     memory: str | None,
     device: str | None,
     as_json: bool,
@@ -83,39 +61,27 @@ def measure(
     keras.applications.MobileNetV2. A batch that does not fit is reported as out of memory.
     With --explain, the peak is broken down into the tensors alive at that moment.
     """
-    check_model_spec(model)
-    isolated = not in_process
     budget = apply_budget(memory, device)
-    from memfit.measure import measure as run_measure
+    from memfit.isolate import measure_in_child
+    from memfit.measure import measure_built
     from memfit.recompute import policy_from_text
 
+    policy = policy_from_text(recompute) if recompute else None
+    options = {"repeats": repeats, "budget": budget, "recompute": policy, "explain": explain}
     results = []
     with err.status("Loading model", spinner="dots") as status:
-        target, data = load_targets(model, data_spec, isolated, input_shape, classes, unsafe)
+        # --in-process: MODEL and its samples are built here once, for every batch size.
+        local = workload.workload() if in_process else None
         for size in sorted(batch_size):
             status.update(f"Measuring batch {size}")
-            kwargs: dict[str, Any] = {
-                "input_shape": input_shape,
-                "optimizer": optimizer,
-                "loss": loss,
-                "repeats": repeats,
-                "budget": budget,
-                "data": data,
-                **({"recompute": policy_from_text(recompute)} if recompute else {}),
-                "explain": explain,
-            }
-            if isolated:
-                from memfit.isolate import measure_in_child
-
-                result = measure_in_child(
-                    target, size, classes=classes, safe_mode=not unsafe, **kwargs
-                )
+            if local is None:
+                result = measure_in_child(workload, size, **options)
             else:
 
                 def report(text: str, _status: Any = status) -> None:
                     _status.update(f"Measuring {text}")
 
-                result = run_measure(target, size, on_progress=report, **kwargs)
+                result = measure_built(local, size, on_progress=report, **options)
             results.append(result)
             if not as_json:
                 err.print(f"  {result}")
@@ -123,7 +89,7 @@ def measure(
         payload = [r.to_dict() for r in results]
         print_json(payload[0] if len(payload) == 1 else {"measurements": payload})
         return
-    _render_measurements(model, results)
+    _render_measurements(str(workload.model), results)
     for result in results:
         if result.explanation is not None:
             render_explanation(result.batch_size, result.explanation)

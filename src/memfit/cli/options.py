@@ -2,12 +2,13 @@
 
 `--memory` / `--device` / `--memory-growth` (the budget to emulate), `--json`, the options that
 say how to build MODEL (`--input-shape`, `--classes`, `--optimizer`, `--loss`, `--data`,
-`--unsafe`), `--margin` and `--replicas`; `apply_budget`, `replica_budget_specs` and
-`load_targets` turn their values into a budget, a replica count, a model and a dataset.
+`--unsafe`, given as one `workload` argument), `--margin` and `--replicas`; `apply_budget` and
+`replica_budget_specs` turn their values into a budget and a replica count.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable
 from typing import Any
@@ -17,6 +18,7 @@ import click
 from memfit.budget import Budget, resolve_budget, resolve_budgets, split_budget_list, tightest_index
 from memfit.checks import DEFAULT_MARGIN, check_batch_size, check_margin
 from memfit.errors import MemfitError
+from memfit.workload_spec import WorkloadSpec
 
 
 def _memory_growth(_ctx: click.Context, _param: click.Parameter, value: bool) -> bool:
@@ -122,27 +124,36 @@ def _input_shape(_ctx: click.Context, _param: click.Parameter, value: str | None
     return shapes[0] if len(shapes) == 1 else shapes
 
 
-def load_targets(
-    model: str,
-    data_spec: str | None,
-    isolated: bool,
-    input_shape: Any,
-    classes: int | None,
-    unsafe: bool,
-) -> tuple[Any, Any]:
-    """MODEL and --data as the work needs them: specs for child processes, objects in-process."""
-    if isolated:
-        return model, data_spec
-    from memfit._child import load_dataset
-    from memfit.models import load_model
+def workload_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """MODEL and the options that say how to build it and its training step (`--input-shape`,
+    `--classes`, `--optimizer`, `--loss`, `--data`, `--unsafe`), given to the command as one
+    `workload` argument: a `memfit.workload_spec.WorkloadSpec`, checked once."""
 
-    target = load_model(model, input_shape=input_shape, classes=classes, safe_mode=not unsafe)
-    return target, load_dataset(data_spec) if data_spec else None
+    @functools.wraps(command)
+    def with_workload(
+        *args: Any,
+        model: str,
+        input_shape: Any,
+        classes: int | None,
+        optimizer: str | None,
+        loss: str | None,
+        data_spec: str | None,
+        unsafe: bool,
+        **kwargs: Any,
+    ) -> Any:
+        workload = WorkloadSpec(
+            model,
+            input_shape=input_shape,
+            data=data_spec,
+            optimizer=optimizer,
+            loss=loss,
+            classes=classes,
+            safe_mode=not unsafe,
+        )
+        return command(*args, workload=workload, **kwargs)
 
-
-def model_options(command: Callable[..., Any]) -> Callable[..., Any]:
-    """Options that say how to build MODEL and its training step."""
     options = [
+        click.argument("model", metavar="MODEL"),
         click.option(
             "--input-shape",
             callback=_input_shape,
@@ -169,8 +180,32 @@ def model_options(command: Callable[..., Any]) -> Callable[..., Any]:
         ),
     ]
     for option in reversed(options):
-        command = option(command)
-    return command
+        with_workload = option(with_workload)
+    return with_workload
+
+
+def count_option(
+    *names: str, default: int, help: str, minimum: int = 0
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """An option that counts (steps, repeats, samples): a whole number from `minimum`, with
+    its default shown in `--help`."""
+    return click.option(
+        *names, type=click.IntRange(min=minimum), default=default, show_default=True, help=help
+    )
+
+
+def workload_command(
+    *, replicas: bool = False
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """The options of a command that analyses MODEL: `--replicas` (with `replicas`), MODEL
+    and its options as one `workload` argument, the budget, and `--json`."""
+
+    def decorate(command: Callable[..., Any]) -> Callable[..., Any]:
+        # Applied innermost first: `--help` lists them in this order, from the top.
+        command = workload_options(budget_options(json_option(command)))
+        return replicas_option(command) if replicas else command
+
+    return decorate
 
 
 def _margin(_ctx: click.Context, _param: click.Parameter, value: float) -> float:

@@ -2,30 +2,21 @@
 
 from __future__ import annotations
 
-import sys
 from typing import Any
 
 import click
 from rich.table import Table
 
 from memfit.budget import Budget, resolve_budget
-from memfit.cli.options import (
-    budget_options,
-    json_option,
-    margin_option,
-    model_options,
-    replica_budget_specs,
-    replicas_option,
-)
-from memfit.cli.render import err, out, print_json
-from memfit.models import check_model_spec
+from memfit.cli.options import margin_option, replica_budget_specs, workload_command
+from memfit.cli.render import answer, err, out, render_summary
 from memfit.progress import candidate_line
 from memfit.replicas import per_replica_batch
 from memfit.sizes import format_size
+from memfit.workload_spec import WorkloadSpec
 
 
 @click.command()
-@click.argument("model", metavar="MODEL")
 @click.option(
     "--batch-size",
     "-b",
@@ -58,24 +49,15 @@ from memfit.sizes import format_size
     "20 steps of memfit.fit in a fresh process, and one that needs a recovery gives way "
     "to the next).",
 )
-@replicas_option
-@model_options
-@budget_options
-@json_option
+@workload_command(replicas=True)
 def plan(
-    model: str,
+    workload: WorkloadSpec,
     batch_size: int,
     margin: float,
     precisions: tuple[str, ...],
     remat_modes: tuple[str, ...],
     no_confirm: bool,
     replicas: int | None,
-    input_shape: Any,
-    classes: int | None,
-    optimizer: str | None,
-    loss: str | None,
-    data_spec: str | None,
-    unsafe: bool,
     memory: str | None,
     device: str | None,
     as_json: bool,
@@ -91,68 +73,62 @@ def plan(
     batch: the plan is each replica's K and micro-batch, under the tightest budget less the
     gradient all-reduce's buffer.
     """
-    check_model_spec(model)
     memory, device, replicas = replica_budget_specs(memory, device, replicas)
     per_replica_batch(batch_size, replicas)  # a global batch the replicas cannot share: say so now
     budget = resolve_budget(memory=memory, device=device) or Budget.from_device()
-    from memfit.planning import plan as make_plan
+    from memfit.planning import plan_workload
 
     def show(c: Any) -> None:
         err.print(f"  {candidate_line(c)}")
 
     with err.status("Planning: estimating, measuring, confirming", spinner="dots"):
-        result = make_plan(
-            model,
+        result = plan_workload(
+            workload,
             batch_size,
             budget,
             margin=margin,
             precisions=list(precisions) or None,
             remat_modes=[None if m == "none" else m for m in remat_modes] or None,
-            input_shape=input_shape,
-            data=data_spec,
-            optimizer=optimizer,
-            loss=loss,
             on_candidate=show,
-            classes=classes,
-            safe_mode=not unsafe,
             confirm=not no_confirm,
             replicas=replicas,
         )
-    if as_json:
-        print_json(result.to_dict())
-    else:
-        over = f" over {replicas} replicas ({batch_size // replicas} each)" if replicas > 1 else ""
-        table = Table(
-            title=f"plan for batch {batch_size}{over} in {format_size(result.budget.usable_bytes)}"
+    answer(result, as_json, _render_plan, result.fits)
+
+
+def _render_plan(result: Any) -> None:
+    """The plan's candidates as a table, and its summary."""
+    replicas, batch_size = result.replicas, result.batch_size
+    over = f" over {replicas} replicas ({batch_size // replicas} each)" if replicas > 1 else ""
+    table = Table(
+        title=f"plan for batch {batch_size}{over} in {format_size(result.budget.usable_bytes)}"
+    )
+    columns = ("precision", "remat", "K", "micro-batch", "predicted", "peak", "s / batch")
+    for column in (*columns, "how", ""):
+        left = column in ("precision", "remat", "how")
+        table.add_column(column, justify="left" if left else "right")
+    for c in result.candidates:
+        chosen = (
+            result.fits
+            and c.fits
+            and (c.precision, c.remat, c.micro_batches)
+            == (result.precision, result.remat, result.micro_batches)
         )
-        columns = ("precision", "remat", "K", "micro-batch", "predicted", "peak", "s / batch")
-        for column in (*columns, "how", ""):
-            left = column in ("precision", "remat", "how")
-            table.add_column(column, justify="left" if left else "right")
-        for c in result.candidates:
-            chosen = (
-                result.fits
-                and c.fits
-                and (c.precision, c.remat, c.micro_batches)
-                == (result.precision, result.remat, result.micro_batches)
-            )
-            table.add_row(
-                c.precision,
-                c.remat or "none",
-                str(c.micro_batches),
-                str(c.micro_batch_size),
-                format_size(c.predicted_peak_bytes) if c.predicted_peak_bytes else "-",
-                format_size(c.peak_bytes) if c.measured else "-",
-                f"{c.step_seconds:.3f}" if c.step_seconds else "-",
-                _plan_stage(c),
-                "[bold green]chosen[/]"
-                if chosen
-                else ("error" if c.error else "OOM" if c.oom else "fits" if c.fits else "over"),
-            )
-        out.print(table)
-        style = "bold" if result.fits else "bold red"
-        out.print(f"[{style}]{result.summary()}[/]")
-    sys.exit(0 if result.fits else 1)
+        table.add_row(
+            c.precision,
+            c.remat or "none",
+            str(c.micro_batches),
+            str(c.micro_batch_size),
+            format_size(c.predicted_peak_bytes) if c.predicted_peak_bytes else "-",
+            format_size(c.peak_bytes) if c.measured else "-",
+            f"{c.step_seconds:.3f}" if c.step_seconds else "-",
+            _plan_stage(c),
+            "[bold green]chosen[/]"
+            if chosen
+            else ("error" if c.error else "OOM" if c.oom else "fits" if c.fits else "over"),
+        )
+    out.print(table)
+    render_summary(result)
 
 
 def _plan_stage(candidate: Any) -> str:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from typing import Any
 
 import click
@@ -13,7 +12,7 @@ from memfit.cli.options import (
     budget_options,
     json_option,
 )
-from memfit.cli.render import out, print_json
+from memfit.cli.render import answer, out
 from memfit.sizes import format_size
 
 _LEVEL_STYLE = {"ok": "green", "warning": "yellow", "problem": "bold red"}
@@ -31,11 +30,7 @@ def doctor(memory: str | None, device: str | None, as_json: bool) -> None:
     from memfit.doctor import doctor as run_doctor
 
     report = run_doctor()
-    if as_json:
-        print_json(report.to_dict())
-    else:
-        _render_doctor(report)
-    sys.exit(0 if report.ok else 1)
+    answer(report, as_json, _render_doctor, report.ok)
 
 
 def _render_doctor(report: Any) -> None:

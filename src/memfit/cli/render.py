@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any
+from collections.abc import Callable
+from typing import Any, NoReturn
 
 import click
 from rich.console import Console
@@ -23,6 +24,22 @@ err = Console(stderr=True, highlight=False)
 def print_json(data: Any) -> None:
     """`--json`: `data` on stdout, indented, whatever JSON cannot hold as a string."""
     click.echo(json.dumps(data, indent=2, default=str))
+
+
+def answer(result: Any, as_json: bool, render: Callable[[Any], None], ok: bool) -> NoReturn:
+    """Print a command's `result` (`--json`: its `to_dict()`, else `render(result)`), then
+    exit with status 0 when `ok`, else 1."""
+    if as_json:
+        print_json(result.to_dict())
+    else:
+        render(result)
+    sys.exit(0 if ok else 1)
+
+
+def render_summary(result: Any) -> None:
+    """A result's `summary()`, in bold (red when nothing fits)."""
+    style = "bold" if result.fits else "bold red"
+    out.print(f"[{style}]{result.summary()}[/]")
 
 
 def render_explanation(batch_size: int, explanation: Any, top: int = 10) -> None:

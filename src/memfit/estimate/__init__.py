@@ -25,7 +25,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from memfit.attribution import KINDS
-from memfit.backend import tf as tfb
 from memfit.backend.tf_kernels import assume_threads
 from memfit.budget import Budget, as_budget, emulated_budget, emulated_memory_growth
 from memfit.checks import check_batch_size, check_threads
@@ -348,21 +347,12 @@ def _load(
     precision: str | None,
     remat: str | None,
 ) -> Any:
-    from memfit.models import load_model
+    from memfit.workload_spec import WorkloadSpec
 
-    keras = tfb.import_keras()
-    previous = keras.mixed_precision.dtype_policy()
-    if precision:
-        keras.mixed_precision.set_dtype_policy(precision)
-    scope = keras.RematScope(mode=remat) if remat else contextlib.nullcontext()
-    shape = input_shape
-    if shape is not None and len(shape) and isinstance(list(shape)[0], (list, tuple)):
-        shape = list(shape)[0]
-    try:
-        with scope:
-            return load_model(spec, input_shape=shape, classes=classes)
-    finally:
-        keras.mixed_precision.set_dtype_policy(previous)
+    workload = WorkloadSpec(
+        spec, input_shape=input_shape, classes=classes, precision=precision, remat=remat
+    )
+    return workload.build_model()
 
 
 def _what_ifs(

@@ -20,6 +20,7 @@ function.
 
 from __future__ import annotations
 
+import dataclasses
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -40,7 +41,8 @@ from memfit.planning.strategy import (
 )
 from memfit.planning.trials import CONFIRM_OOM_GRACE
 from memfit.progress import Progress, shows_progress
-from memfit.replicas import allreduce_bytes, per_replica_batch, replica_budget, replica_count
+from memfit.replicas import per_replica_batch, replica_count, workload_replica_budget
+from memfit.workload_spec import WorkloadSpec
 
 __all__ = [
     "CONFIRM_OOM_GRACE",
@@ -54,6 +56,7 @@ __all__ = [
     "Candidate",
     "Plan",
     "plan",
+    "plan_workload",
 ]
 
 DEFAULT_CONFIRM_STEPS = 20
@@ -155,8 +158,55 @@ def plan(
         two = memfit.plan("mypkg.models:build", 256, ["T4", "L4"])  # 2 replicas, 128 each
         ```
     """
-    from memfit.isolate import check_child_arguments, save_for_child
-    from memfit.workload import shape_list
+    workload, model = WorkloadSpec.from_arguments(locals())
+    return plan_workload(
+        workload,
+        batch_size,
+        budget,
+        model=model,
+        margin=margin,
+        precisions=precisions,
+        remat_modes=remat_modes,
+        repeats=repeats,
+        on_candidate=on_candidate,
+        confirm=confirm,
+        confirm_steps=confirm_steps,
+        replicas=replicas,
+        strategy=strategy,
+    )
+
+
+def plan_workload(
+    workload: WorkloadSpec,
+    batch_size: int,
+    budget: Budget | str | int | None = None,
+    *,
+    model: Any = None,
+    margin: float = DEFAULT_MARGIN,
+    precisions: Sequence[str] | None = None,
+    remat_modes: Sequence[str | None] | None = None,
+    repeats: int = 1,
+    on_candidate: Callable[[Candidate], None] | None = None,
+    confirm: bool = True,
+    confirm_steps: int = DEFAULT_CONFIRM_STEPS,
+    replicas: int | None = None,
+    strategy: Any = None,
+) -> Plan:
+    """`plan` for a workload given whole (what the CLI runs).
+
+    Args:
+        workload: what is trained; its precision and remat are planned, not taken.
+        batch_size, budget: as in `plan`.
+        model: a Keras model given beside the workload (saved for the children; K only).
+        margin, precisions, remat_modes, repeats, on_candidate, confirm, confirm_steps,
+            replicas, strategy: as in `plan`.
+
+    Returns:
+        A `Plan`.
+    """
+    # Batches are made of the dataset's largest samples, so the answer holds for all.
+    workload = dataclasses.replace(workload, worst_case=workload.data is not None)
+    from memfit.isolate import child_spec
 
     batch_size = check_batch_size(batch_size)
     confirm_steps = check_positive_int(confirm_steps, "confirm_steps")
@@ -170,8 +220,8 @@ def plan(
             "no budget to plan for: pass budget= (a size or card), or emulate one with "
             "memfit.emulate() / --memory / --device"
         )
-    check_child_arguments(optimizer, loss, data)
-    rebuildable = isinstance(model, str) and not model.endswith((".keras", ".h5"))
+    workload.check_named()
+    rebuildable = workload.rebuildable if model is None else False
     note = ""
     if not rebuildable:
         if precisions not in (None, ("float32",), ["float32"]) or remat_modes not in (
@@ -191,27 +241,13 @@ def plan(
     remat_modes = list(remat_modes or (REMAT_MODES if rebuildable else (None,)))
     configs = [(p, r) for p in precisions for r in remat_modes]
     started = time.perf_counter()
-    buffer = 0
-    if n > 1:
-        buffer = allreduce_bytes(
-            model, input_shape=input_shape, classes=classes, safe_mode=safe_mode
-        )
-        resolved = replica_budget(resolved, buffer, n)
+    resolved, buffer = workload_replica_budget(resolved, n, workload, model)
     with tempfile.TemporaryDirectory(prefix="memfit-plan-") as tmp:
-        spec = model if isinstance(model, str) else save_for_child(model, tmp)
         planner = Planner(
             per_replica,
             resolved,
             limit_bytes(resolved.usable_bytes, margin),
-            child_args={
-                "spec": spec,
-                "data": data,
-                "input_shape": [list(s) for s in shape_list(input_shape)] if input_shape else None,
-                "optimizer": optimizer,
-                "loss": loss,
-                "classes": classes,
-                "safe_mode": bool(safe_mode),
-            },
+            child_spec(workload, model, tmp),
             repeats=repeats,
             on_candidate=on_candidate,
         )

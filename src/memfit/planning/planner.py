@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
 
 from memfit.budget import Budget
 from memfit.errors import MeasurementError, MemfitError
@@ -19,6 +18,7 @@ from memfit.planning.candidates import Candidate
 from memfit.planning.strategy import MAX_CONFIRMATIONS, MAX_FINALISTS
 from memfit.planning.trials import Estimator, PlanTrials
 from memfit.sizes import format_size
+from memfit.workload_spec import WorkloadSpec
 
 Config = tuple[str, str | None]  # (precision, remat)
 
@@ -31,7 +31,7 @@ class Planner:
         batch_size: the target effective batch.
         budget: the budget planned for.
         limit: the most a fitting peak may reach (the budget less the margin).
-        child_args: what the child processes build and train (see `PlanTrials`).
+        workload: what the child processes build and train (see `PlanTrials`).
         repeats: measured steps per measured candidate after the warm-up.
         on_candidate: called with a `Candidate` each time it is estimated, measured or
             confirmed.
@@ -42,12 +42,12 @@ class Planner:
         batch_size: int,
         budget: Budget,
         limit: int,
-        child_args: dict[str, Any],
+        workload: WorkloadSpec,
         repeats: int,
         on_candidate: Callable[[Candidate], None] | None,
     ) -> None:
         self.batch_size, self.budget, self.limit = batch_size, budget, limit
-        self.trials = PlanTrials(batch_size, budget, limit, child_args, repeats)
+        self.trials = PlanTrials(batch_size, budget, limit, workload, repeats)
         self.on_candidate = on_candidate or (lambda _c: None)
         self.candidates: list[Candidate] = []
         self.device = "CPU"

@@ -10,13 +10,16 @@ is `memfit.planning.planner`'s, with `memfit.planning.strategy`.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from memfit.budget import Budget
 from memfit.errors import MeasurementError, MemfitError
 from memfit.planning.candidates import Candidate
 from memfit.sizes import format_size
+from memfit.workload_spec import WorkloadSpec
 
 # A confirmation run is over at TensorFlow's first OOM line: stop its process this soon after.
 CONFIRM_OOM_GRACE = 5.0
@@ -58,28 +61,30 @@ class Estimator:
         return int(result["resident_bytes"])
 
 
+@dataclass
 class PlanTrials:
     """Estimates, measures and confirms candidates in child processes under one budget.
 
-    Args:
+    Attributes:
         batch_size: the target effective batch.
         budget: the budget the children run under.
         limit: the most a fitting peak may reach (the budget less the margin).
-        child_args: what the children build and train: `spec` (a MODEL string or a saved
-            model), `data`, `input_shape`, `optimizer`, `loss`, `classes`, `safe_mode`.
+        workload: what the children build and train (its model a MODEL string or a saved
+            copy); each candidate's precision and remat replace the workload's.
         repeats: measured steps per measured candidate after the warm-up.
     """
 
-    def __init__(
-        self,
-        batch_size: int,
-        budget: Budget,
-        limit: int,
-        child_args: dict[str, Any],
-        repeats: int,
-    ) -> None:
-        self.batch_size, self.budget, self.limit = batch_size, budget, limit
-        self.child_args, self.repeats = child_args, repeats
+    batch_size: int
+    budget: Budget
+    limit: int
+    workload: WorkloadSpec
+    repeats: int
+
+    def variant(self, candidate: Candidate) -> WorkloadSpec:
+        """The workload built under the candidate's precision and remat."""
+        return dataclasses.replace(
+            self.workload, precision=_precision_arg(candidate.precision), remat=candidate.remat
+        )
 
     @contextlib.contextmanager
     def estimator(self) -> Iterator[Estimator]:
@@ -90,7 +95,7 @@ class PlanTrials:
         """
         from memfit._runner import ChildWorker
 
-        args = {k: v for k, v in self.child_args.items()}
+        args = {"workload": self.workload.to_json()}
         worker = ChildWorker("memfit._child:open_estimator", args, budget=self.budget)
         try:
             yield Estimator(worker, self.batch_size, self.limit)
@@ -102,23 +107,13 @@ class PlanTrials:
         time and whether it fits, or why it could not be measured."""
         from memfit.isolate import measure_in_child
 
-        args = self.child_args
         try:
             m = measure_in_child(
-                args["spec"],
+                self.variant(candidate),
                 self.batch_size,
-                data=args["data"],
-                input_shape=args["input_shape"],
-                optimizer=args["optimizer"],
-                loss=args["loss"],
                 repeats=self.repeats,
                 budget=self.budget,
-                worst_case=args["data"] is not None,
                 micro_batches=candidate.micro_batches,
-                precision=_precision_arg(candidate.precision),
-                remat=candidate.remat,
-                classes=args["classes"],
-                safe_mode=args["safe_mode"],
             )
         except MemfitError as exc:
             candidate.error = str(exc)
@@ -137,18 +132,13 @@ class PlanTrials:
         whether it held (no recovery, peak within the limit). `recoveries` says why not."""
         from memfit._runner import run_in_child
 
-        args = self.child_args
         result = run_in_child(
             "memfit._child:confirm_plan",
             {
-                **{k: args[k] for k in ("spec", "data", "input_shape", "optimizer", "loss")},
+                "workload": self.variant(candidate).to_json(),
                 "batch_size": self.batch_size,
                 "micro_batches": candidate.micro_batches,
                 "steps": steps,
-                "precision": _precision_arg(candidate.precision),
-                "remat": candidate.remat,
-                "classes": args["classes"],
-                "safe_mode": args["safe_mode"],
             },
             budget=self.budget,
             oom_grace=CONFIRM_OOM_GRACE,

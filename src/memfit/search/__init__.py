@@ -8,6 +8,7 @@ asks the strategy for a size and the trials for its peak.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -15,9 +16,9 @@ from typing import Any
 
 from memfit.budget import Budget, as_budgets, emulated_budget, tightest_index
 from memfit.checks import DEFAULT_MARGIN, check_margin, check_positive_int, check_soak_steps
-from memfit.errors import MemfitError
+from memfit.errors import MemfitError, WorkloadError
 from memfit.progress import Progress, shows_progress
-from memfit.replicas import allreduce_bytes, replica_budget, replica_count
+from memfit.replicas import replica_count, workload_replica_budget
 from memfit.search import strategy
 from memfit.search.strategy import (
     CALIBRATION_GROWTH,
@@ -28,10 +29,11 @@ from memfit.search.strategy import (
     PROBE_BATCH,
     SOAK_RISE,
 )
-from memfit.search.trials import CHILD_SAMPLES, TrialRunner
+from memfit.search.trials import CHILD_SAMPLES, IN_PROCESS_MODEL, TrialRunner
 from memfit.serialize import json_dict
 from memfit.sizes import format_size
 from memfit.workload import InputShape
+from memfit.workload_spec import WorkloadSpec
 
 __all__ = [
     "CALIBRATION_GROWTH",
@@ -47,6 +49,7 @@ __all__ = [
     "Trial",
     "TrialRunner",
     "find_batch_size",
+    "search_workload",
 ]
 
 
@@ -295,6 +298,51 @@ def find_batch_size(
         print(two.batch_size, two.global_batch_size)
         ```
     """
+    if not isolated and isinstance(model, str):
+        raise WorkloadError(IN_PROCESS_MODEL)
+    workload, model = WorkloadSpec.from_arguments(locals())
+    return search_workload(
+        workload,
+        budget,
+        model=model,
+        isolated=isolated,
+        max_batch=max_batch,
+        margin=margin,
+        soak_steps=soak_steps,
+        on_trial=on_trial,
+        replicas=replicas,
+        strategy=strategy,
+    )
+
+
+def search_workload(
+    workload: WorkloadSpec,
+    budget: Budget | str | int | None = None,
+    *,
+    model: Any = None,
+    isolated: bool = True,
+    max_batch: int | None = None,
+    margin: float = DEFAULT_MARGIN,
+    soak_steps: int = DEFAULT_SOAK_STEPS,
+    on_trial: Callable[[Trial], None] | None = None,
+    replicas: int | None = None,
+    strategy: Any = None,
+) -> BatchSearchResult:
+    """`find_batch_size` for a workload given whole (what the CLI runs).
+
+    Args:
+        workload: what is trained; an isolated search's child loads its MODEL string.
+        budget: as in `find_batch_size`.
+        model: a Keras model given beside the workload (saved for the child, or measured in
+            this process without `isolated`).
+        isolated, max_batch, margin, soak_steps, on_trial, replicas, strategy: as in
+            `find_batch_size`.
+
+    Returns:
+        A `BatchSearchResult`.
+    """
+    # Batches are made of the dataset's largest samples, so the answer holds for all.
+    workload = dataclasses.replace(workload, worst_case=workload.data is not None)
     margin = check_margin(margin)
     if max_batch is not None:
         max_batch = check_positive_int(max_batch, "max_batch")
@@ -308,24 +356,8 @@ def find_batch_size(
             "memfit.emulate() / --memory / --device"
         )
     started = time.perf_counter()
-    buffer = 0
-    if n > 1:
-        buffer = allreduce_bytes(
-            model, input_shape=input_shape, classes=classes, safe_mode=safe_mode
-        )
-        resolved = replica_budget(resolved, buffer, n)
-    runner = TrialRunner(
-        model,
-        resolved,
-        data,
-        input_shape,
-        optimizer,
-        loss,
-        isolated,
-        data is not None,
-        classes=classes,
-        safe_mode=safe_mode,
-    )
+    resolved, buffer = workload_replica_budget(resolved, n, workload, model)
+    runner = TrialRunner(workload, resolved, model, isolated)
     try:
         result = _search(runner, resolved, max_batch, margin, soak_steps, on_trial)
     finally:

@@ -7,6 +7,7 @@ nothing: `memfit.search` picks each size with `memfit.search.strategy`.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import tempfile
 from typing import Any
@@ -15,8 +16,13 @@ from memfit.backend import tf as tfb
 from memfit.budget import Budget
 from memfit.errors import MemfitError, WorkloadError
 from memfit.measure import Measurement, measure_workload
-from memfit.workload import Workload, shape_list
+from memfit.workload_spec import WorkloadSpec
 
+# Why an in-process search refuses a MODEL string.
+IN_PROCESS_MODEL = (
+    "find_batch_size() takes a keras.Model in this process; pass isolated=True to search a "
+    "MODEL string"
+)
 # An in-process search with a dataset hands its largest samples, at most this many, to the
 # child process that measures.
 CHILD_SAMPLES = 512
@@ -34,23 +40,21 @@ class TrialRunner:
     after every trial.
     """
 
-    def __init__(
-        self,
-        model: Any,
-        budget: Budget,
-        data: Any,
-        input_shape: Any,
-        optimizer: Any,
-        loss: Any,
-        isolated: bool,
-        worst_case: bool,
-        classes: int | None = None,
-        safe_mode: bool = True,
-    ) -> None:
-        from memfit.isolate import check_child_arguments, save_for_child
+    def __init__(self, workload: WorkloadSpec, budget: Budget, model: Any, isolated: bool) -> None:
+        """Start the trials' child process (or prepare this process).
+
+        Args:
+            workload: what is trained; its MODEL string is what an isolated child loads.
+            budget: the budget the trials run under.
+            model: a Keras model given beside the workload: isolated, saved for the child;
+                else measured through a saved copy (or here, when it cannot be saved).
+            isolated: this process holds no model: the child loads `workload`'s MODEL
+                string, or a saved copy of `model`.
+        """
+        from memfit.isolate import child_spec, save_for_child
 
         self.budget = budget
-        self.worst_case = worst_case
+        self.worst_case = workload.worst_case
         self._tmp = tempfile.TemporaryDirectory(prefix="memfit-search-")
         self.dataset_size: int | None = None
         self.largest_sample: dict[str, Any] | None = None
@@ -59,46 +63,22 @@ class TrialRunner:
         self.spare: Any = None
         self._worker_trials = 0
         self._local_trials = 0
-        self._child_kwargs: dict[str, Any] | None = None
+        self._child_workload: WorkloadSpec | None = None
         self.note: str | None = None
-        shapes = [list(s) for s in shape_list(input_shape)] if input_shape else None
         if isolated:
-            model_spec = model if isinstance(model, str) else save_for_child(model, self._tmp.name)
-            check_child_arguments(optimizer, loss, data)
-            self._start_child(
-                {
-                    "spec": model_spec,
-                    "data": data,
-                    "input_shape": shapes,
-                    "optimizer": optimizer,
-                    "loss": loss,
-                    "worst_case": worst_case,
-                    "classes": classes,
-                    "safe_mode": bool(safe_mode),
-                }
-            )
-            if data is not None:
-                self.dataset_size = _child_dataset_size(data)
+            self._start_child(child_spec(workload, model, self._tmp.name))
+            if workload.data is not None:
+                self.dataset_size = _child_dataset_size(workload.data)
             return
-        if isinstance(model, str):
-            raise WorkloadError(
-                "find_batch_size() takes a keras.Model in this process; pass isolated=True "
-                "to search a MODEL string"
-            )
-        self.workload = Workload(
-            model,
-            optimizer=optimizer,
-            loss=loss,
-            input_shape=input_shape,
-            data=data,
-            worst_case=worst_case,
-        )
+        if model is None:
+            raise WorkloadError(IN_PROCESS_MODEL)
+        self.workload = workload.workload(model)
         self.device = tfb.default_device()
-        if data is not None:
+        if workload.data is not None:
             self.dataset_size = len(self.workload.ranked_samples())
             self.largest_sample = self.workload.largest_sample()
         try:
-            spec = save_for_child(model, self._tmp.name)
+            saved = save_for_child(model, self._tmp.name)
         except MemfitError as exc:
             self.note = f"measured in this process: {exc}"
             return
@@ -108,17 +88,16 @@ class TrialRunner:
             self._save_largest_samples(saved_data)
         # The saved model carries its compiled optimizer and loss.
         self._start_child(
-            {
-                "spec": spec,
-                "data": None,
-                "saved_data": saved_data,
-                "input_shape": shapes,
-                "optimizer": None,
-                "loss": None,
-                "worst_case": self.worst_case,
-                "imports": _packages_of(model),
-                "safe_mode": bool(safe_mode),
-            }
+            dataclasses.replace(
+                workload,
+                model=saved,
+                data=None,
+                saved_data=saved_data,
+                optimizer=None,
+                loss=None,
+                classes=None,
+                imports=tuple(_packages_of(model)),
+            )
         )
 
     @property
@@ -126,17 +105,19 @@ class TrialRunner:
         """Whether the trials run in a child process (else in this one)."""
         return self.worker is not None
 
-    def _start_child(self, kwargs: dict[str, Any]) -> None:
+    def _start_child(self, workload: WorkloadSpec) -> None:
         # The child traces the relaxed step while this process goes on (ranking samples, say)
         # or, for a spare, while other trials run: its first trial then costs only the
         # graph's optimisation and the steps.
-        self._child_kwargs = {**kwargs, "warm_relaxed": True}
+        self._child_workload = workload
         self.worker = self._new_child()
 
     def _new_child(self) -> Any:
         from memfit._runner import ChildWorker
 
-        worker = ChildWorker("memfit._child:open_measurer", self._child_kwargs, budget=self.budget)
+        assert self._child_workload is not None
+        kwargs = {"workload": self._child_workload.to_json(), "warm_relaxed": True}
+        worker = ChildWorker("memfit._child:open_measurer", kwargs, budget=self.budget)
         worker.start()
         return worker
 
