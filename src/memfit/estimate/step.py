@@ -1,0 +1,457 @@
+"""One step of the replay: a small state machine over a traced step's ops and buffers.
+
+`StepRun` plays one training step of a `memfit.backend.tf_graph.StepGraph` through a model of
+TensorFlow's BFC allocator (`memfit.estimate.bfc.BFC`): each op the scheduler hands out (a
+fixed order from `memfit.estimate.order`, or a ready queue) gets its outputs' buffers, holds
+its kernel's scratch while it runs, and frees what it was the last to read. `Replay` is what
+a step found: its peak above what was in use before it, and what was live then (`Live`).
+`memfit.estimate.simulate.replay` sets up the allocator and plays the steps.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from collections import defaultdict, deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from memfit.estimate.bfc import BFC
+from memfit.estimate.order import depends_on, execution_order
+
+GRANULE = 256
+
+
+def round_up(nbytes: int) -> int:
+    """Bytes the BFC allocator hands out for a request of `nbytes` (256-byte granules)."""
+    return 0 if nbytes <= 0 else -(-nbytes // GRANULE) * GRANULE
+
+
+@dataclass
+class Live:
+    """A buffer live at the peak: its bytes, category, layer and producing op."""
+
+    nbytes: int
+    category: str
+    layer: str
+    op: str
+
+
+@dataclass
+class Replay:
+    """What the replay found: the step's own peak (above resident) and what was live then."""
+
+    step_peak_bytes: int
+    peak_op: str
+    peak_op_type: str
+    peak_phase: str
+    peak_layer: str
+    live: list[Live] = field(default_factory=list)
+    order: list[str] = field(default_factory=list)
+    resident_bytes: int = 0
+    peak_bytes: int = 0
+    activations_kept_bytes: int = 0
+
+
+_SUFFIX = re.compile(r"_\d+$")
+
+
+def layer_of(name: str, layers: set[str]) -> str:
+    """The Keras layer an op belongs to, from its name scopes ("" when none matches)."""
+    for segment in name.split("/"):
+        if segment in layers:
+            return segment
+        stripped = _SUFFIX.sub("", segment)
+        if stripped in layers:
+            return stripped
+    return ""
+
+
+def phase_of(name: str, op_type: str, optimizer_name: str) -> str:
+    """`forward`, `backward` (under the gradient tape) or `update` (the optimizer's ops)."""
+    if name.startswith("gradient_tape/"):
+        return "backward"
+    head = name.split("/", 1)[0]
+    if head == optimizer_name or _SUFFIX.sub("", head) == optimizer_name:
+        return "update"
+    return "forward"
+
+
+def step_structure(graph: Any) -> tuple[Any, ...]:
+    """What every replay of `graph` reads and none changes, made once per graph.
+
+    Op index by name, each tensor's consumers, each op's predecessors and successors, phase
+    and layer, and the tensors the optimizer's ops read (gradients). A sampled process
+    replays the same graph many times (`memfit.estimate.bounds`): this is built once.
+    """
+    cached = graph.__dict__.get("_replay_structure")
+    if cached is not None:
+        return cached
+    ops = graph.ops
+    index = {op.name: i for i, op in enumerate(ops)}
+    producer = {}
+    for i, op in enumerate(ops):
+        for name in op.outputs:
+            producer[name] = i
+    consumers: dict[str, list[int]] = defaultdict(list)
+    preds: list[set[int]] = [set() for _ in ops]
+    for i, op in enumerate(ops):
+        for name in op.inputs:
+            consumers[name].append(i)
+            if name in producer:
+                preds[i].add(producer[name])
+        for name in op.control_inputs:
+            if name in index:
+                preds[i].add(index[name])
+    succs: list[list[int]] = [[] for _ in ops]
+    for i, ps in enumerate(preds):
+        for p in ps:
+            succs[p].append(i)
+    phases = [phase_of(op.name, op.type, graph.optimizer_name) for op in ops]
+    tree = getattr(graph, "layer_tree", None)
+    layers = [tree.layer_of(op.name) if tree else layer_of(op.name, graph.layers) for op in ops]
+    # A backward tensor read by the optimizer's ops is a gradient.
+    feeds_update: set[str] = set()
+    for i, op in enumerate(ops):
+        if phases[i] == "update":
+            feeds_update.update(op.inputs)
+    structure = (index, dict(consumers), preds, succs, phases, layers, feeds_update)
+    graph.__dict__["_replay_structure"] = structure
+    return structure
+
+
+class StepRun:
+    """One step of the replay, as a small state machine over the step's ops and buffers.
+
+    Each op the scheduler hands out moves through three states: `start` (its outputs take
+    a buffer: a view of an input, an input buffer it takes over, or a new allocation),
+    `work` (its kernel's scratch is held, and the op beside it; the peak is noted) and
+    `finish` (inputs whose last consumer it was, and outputs nothing reads, are freed).
+    A buffer is live from its allocation until its last reference goes; the variables'
+    buffers hold one reference each for the life of the step.
+    """
+
+    def __init__(
+        self,
+        graph: Any,
+        bfc: BFC,
+        variables: dict[str, int] | None,
+        order: list[int] | None,
+        seed: float | None,
+        race: bool,
+    ) -> None:
+        self.graph = graph
+        self.ops = graph.ops
+        index, consumers, preds, succs, phases, layers, feeds_update = step_structure(graph)
+        self.index, self.consumers, self.preds = index, consumers, preds
+        self.phases, self.layers, self.feeds_update = phases, layers, feeds_update
+        if seed is not None and order is None:
+            # Several inter-op threads: which of the ops made ready together runs first is a race.
+            shuffle = random.Random(seed).shuffle
+            succs = [list(s) for s in succs]
+            for s in succs:
+                shuffle(s)
+        self.succs = succs
+        self.bfc = bfc
+        self.pending = {name: len(c) for name, c in consumers.items()}
+        self.fetched = set(graph.fetches)
+        self.arguments = set(graph.arguments)
+        self.buffer_of: dict[str, int | None] = dict.fromkeys(graph.arguments)
+        self.size: dict[int, int] = {}
+        self.request: dict[int, int] = {}
+        self.refs: dict[int, int] = defaultdict(int)
+        self.owner: dict[int, int] = {}
+        # The op that allocated each buffer: its layer is the buffer's, as in TensorFlow's
+        # memory profile (`memfit measure --explain`), even after an op forwarded it.
+        self.made_by: dict[int, int] = {}
+        self.category: dict[int, str] = {}
+        self.threads = max(1, int(graph.inter_op_threads))
+        self.start_bytes = bfc.in_use
+        self.result = Replay(0, "", "", "forward", "")
+        self.forward_live = 0
+        # Each variable's buffer: the variable holds one reference; a read shares it.
+        self.held = variables if variables is not None else {}
+        for name, handle in self.held.items():
+            self.size[handle] = bfc.size_of(handle)
+            self.request[handle] = round_up(graph.variables[name][0])
+            self.refs[handle] = 1
+            self.owner[handle] = -1
+        # The live set at the peak is read once the step ends (a step's peak rises op after
+        # op, and reading ~1,000 live buffers at each rise was most of the replay's time): a
+        # new peak records its `clock`; a buffer was live then if it was allocated before and
+        # freed after. A buffer live then whose owner changes, or whose address is allocated
+        # again, is kept as it was in `before_change` first.
+        self.clock = 0
+        self.born: dict[int, int] = {}
+        self.died: dict[int, int] = {}
+        self.before_change: dict[int, tuple[int, str, int, int, int | None]] = {}
+        self.peak_at: tuple[int, int, list[tuple[int, int, str, int]]] | None = None
+        # The scheduler: a fixed order (each thread's depth-first policy), or under `race`
+        # a ready queue. Under several threads, `queued` holds the ops ready and not yet run.
+        self.indegree = [len(p) for p in preds]
+        self.recent: list[int] = []
+        self.position: dict[int, int] = {}
+        self.fixed = order is not None or self.threads == 1 or not race
+        if self.fixed:
+            self.ready = deque(order if order is not None else execution_order(graph))
+            ready_now = (i for i in range(len(self.ops)) if self.indegree[i] == 0)
+            self.queued = set(ready_now) if self.threads > 1 else set()
+        else:
+            self.ready = deque(i for i in range(len(self.ops)) if self.indegree[i] == 0)
+            self.queued = set(self.ready)
+
+    # Buffers.
+
+    def _record(self, buffer: int) -> tuple[int, str, int, int, int | None]:
+        return (
+            self.owner[buffer],
+            self.category.get(buffer, ""),
+            self.size[buffer],
+            self.request[buffer],
+            self.made_by.get(buffer),
+        )
+
+    def _live_at(self, buffer: int, at: int) -> bool:
+        return self.born.get(buffer, 0) <= at < self.died.get(buffer, at + 1)
+
+    def keep(self, buffer: int) -> None:
+        """Note `buffer` as it is, if it was live at the peak so far and is about to change."""
+        at = self.peak_at
+        if at is not None and buffer not in self.before_change and self._live_at(buffer, at[0]):
+            self.before_change[buffer] = self._record(buffer)
+
+    def allocate(self, nbytes: int, op_index: int) -> int:
+        buffer = self.bfc.allocate(nbytes)
+        if buffer in self.died:
+            self.keep(buffer)
+        self.clock += 1
+        self.born[buffer] = self.clock
+        self.died.pop(buffer, None)
+        self.size[buffer] = self.bfc.size_of(buffer)
+        self.request[buffer] = round_up(nbytes)
+        self.refs[buffer] = 1
+        self.owner[buffer] = self.made_by[buffer] = op_index
+        self.category[buffer] = self.phases[op_index]
+        self.count_forward(buffer, +1)
+        return buffer
+
+    def count_forward(self, buffer: int, sign: int) -> None:
+        # Bytes the forward pass made that are still live; their highest is what the
+        # forward pass keeps for the backward pass.
+        if self.category.get(buffer) == "forward":
+            self.forward_live += sign * self.request[buffer]
+            if self.forward_live > self.result.activations_kept_bytes:
+                self.result.activations_kept_bytes = self.forward_live
+
+    def release_buffer(self, buffer: int) -> None:
+        self.refs[buffer] -= 1
+        if self.refs[buffer] == 0:
+            self.count_forward(buffer, -1)
+            self.clock += 1
+            self.died[buffer] = self.clock
+            self.bfc.free(buffer)
+
+    def release(self, name: str) -> None:
+        buffer = self.buffer_of.get(name)
+        if buffer is not None:
+            self.release_buffer(buffer)
+
+    def take_over(self, buffer: int, op_index: int) -> None:
+        """Op `op_index` takes over `buffer` for its output (forwarding, an adopted value)."""
+        self.refs[buffer] += 1
+        self.keep(buffer)
+        self.owner[buffer] = op_index
+
+    # An op's states.
+
+    def start(self, i: int, op: Any) -> bool:
+        """Give the op's outputs their buffers; False when the op is done already (a read)."""
+        held, buffer_of = self.held, self.buffer_of
+        if op.variable in held:
+            if op.type == "ReadVariableOp":
+                buffer = held[op.variable]
+                self.refs[buffer] += 1
+                buffer_of[op.outputs[0]] = buffer
+                return False
+            self.assign(i, op)
+        for k, name in enumerate(op.outputs):
+            source = op.alias[k] if k < len(op.alias) else None
+            if source is not None:
+                buffer = buffer_of.get(op.inputs[source])
+                buffer_of[name] = buffer
+                if buffer is not None:
+                    self.refs[buffer] += 1
+                continue
+            nbytes = op.output_bytes[k]
+            if nbytes <= 0:
+                buffer_of[name] = None
+                continue
+            buffer = self.forwarded(i, op, nbytes) if k == 0 and op.forwards else None
+            buffer_of[name] = buffer if buffer is not None else self.allocate(nbytes, i)
+        return True
+
+    def forwarded(self, i: int, op: Any, nbytes: int) -> int | None:
+        """The input buffer op `i` takes over for output 0, if one may be taken over.
+
+        `forward_input_or_allocate_output`: an input of the same size whose buffer nothing
+        else holds and whose last consumer this op is.
+        """
+        wanted = round_up(nbytes)
+        for tensor in op.inputs:
+            candidate = self.buffer_of.get(tensor)
+            if (
+                candidate is not None
+                and tensor not in self.arguments
+                and self.pending.get(tensor, 0) == op.inputs.count(tensor)
+                and self.refs[candidate] == 1
+                and self.request[candidate] == wanted
+            ):
+                self.take_over(candidate, i)
+                self.count_forward(candidate, -1)
+                self.category[candidate] = self.phases[i]
+                self.count_forward(candidate, +1)
+                return candidate
+        return None
+
+    def assign(self, op_index: int, op: Any) -> None:
+        # AssignVariableOp adopts its value's buffer when nothing else holds it, else copies
+        # in place; AssignAdd/Sub update in place. Either first copies the variable to a new
+        # buffer while a read of its old value is still live (copy-on-write,
+        # resource_variable_ops.cc), and the variable keeps the new buffer for good.
+        held = self.held
+        old = held[op.variable]
+        if op.type == "AssignVariableOp" and len(op.inputs) > 1:
+            value = op.inputs[1]
+            candidate = self.buffer_of.get(value)
+            if (
+                candidate is not None
+                and value not in self.arguments
+                and self.pending.get(value, 0) == 1
+                and self.refs[candidate] == 1
+                and self.request[candidate] == self.request[old]
+            ):
+                self.take_over(candidate, op_index)
+                held[op.variable] = candidate
+                self.release_buffer(old)
+                return
+        if self.refs[old] > 1:
+            held[op.variable] = self.allocate(self.request[old], op_index)
+            self.release_buffer(old)
+
+    def work(self, i: int, op: Any) -> None:
+        """Hold the kernel's scratch (and that of the ops that may run beside it); note the peak."""
+        extra: list[tuple[int, int, str, int]] = []
+        scratch: list[int] = []
+        threads = self.threads
+        if op.scratch_bytes:
+            jobs = [(op.scratch_bytes, i)]
+            if threads > 1:
+                # Ops that may run beside this one: ready now, or a recent op with scratch
+                # that this one does not depend on (a weight gradient still being computed).
+                ops = self.ops
+                beside = {j for j in self.queued if ops[j].scratch_bytes}
+                beside.update(
+                    j for j in self.recent if not depends_on(i, j, self.preds, self.position)
+                )
+                jobs += sorted((ops[j].scratch_bytes, j) for j in beside)[-(threads - 1) :]
+            self.recent = [*self.recent[-(threads - 1) :], i]
+            for nbytes, j in jobs:
+                handle = self.bfc.allocate(nbytes)
+                scratch.append(handle)
+                extra.append((round_up(nbytes), self.bfc.size_of(handle), "workspace", j))
+        now = self.bfc.in_use - self.start_bytes
+        if now > self.result.step_peak_bytes:
+            self.result.step_peak_bytes = now
+            self.peak_at = (self.clock, i, extra)
+            self.before_change.clear()
+        for handle in scratch:
+            self.bfc.free(handle)
+
+    def finish(self, op_index: int) -> None:
+        op = self.ops[op_index]
+        pending = self.pending
+        for tensor in op.inputs:
+            if tensor in pending:
+                pending[tensor] -= 1
+                if pending[tensor] == 0 and tensor not in self.fetched:
+                    self.release(tensor)
+        for name in op.outputs:
+            if name not in self.consumers and name not in self.fetched:
+                self.release(name)
+        if self.threads > 1:
+            for j in self.succs[op_index]:
+                self.indegree[j] -= 1
+                if self.indegree[j] == 0:
+                    if not self.fixed:
+                        self.ready.append(j)
+                    self.queued.add(j)
+
+    # The step.
+
+    def run(self) -> Replay:
+        """Run every op through its states; free the step's results; read the peak back."""
+        ops, result, ready = self.ops, self.result, self.ready
+        while ready:
+            i = ready.popleft()
+            self.queued.discard(i)
+            op = ops[i]
+            self.position[i] = len(result.order)
+            result.order.append(op.name)
+            if self.start(i, op):
+                self.work(i, op)
+            self.finish(i)
+        # The step's results go back to the caller, who frees them before the next step.
+        kept = set(self.held.values())
+        for buffer, count in list(self.refs.items()):
+            if count > 0 and buffer not in kept:
+                self.refs[buffer] = 0
+                self.clock += 1
+                self.died[buffer] = self.clock
+                self.bfc.free(buffer)
+        if self.peak_at is not None:
+            self.read_back()
+        # Label what was live at the peak.
+        for item in result.live:
+            if item.category == "backward" and _feeds(item.op, ops, self.index, self.feeds_update):
+                item.category = "gradients"
+            elif item.category == "forward":
+                item.category = "activations"
+            elif item.category in ("backward", "update"):
+                item.category = "temporaries"
+        return result
+
+    def read_back(self) -> None:
+        """The live set at the peak: buffers live at its clock, as they were then."""
+        assert self.peak_at is not None
+        at, op_index, extra = self.peak_at
+        self.peak_at = None
+        ops, layers = self.ops, self.layers
+        live = []
+        for buffer in self.refs:
+            record = self.before_change.get(buffer)
+            if record is None:
+                if not self._live_at(buffer, at):
+                    continue
+                record = self._record(buffer)
+            o, cat, chunk, wanted, maker = record
+            if chunk and o >= 0:
+                layer = layers[o if maker is None else maker]
+                live.append(Live(wanted, cat, layer, ops[o].name))
+                if chunk > wanted:
+                    live.append(Live(chunk - wanted, "fragmentation", layer, ops[o].name))
+        for nbytes, chunk, cat, o in extra:
+            live.append(Live(nbytes, cat, layers[o], ops[o].name))
+            if chunk > nbytes:
+                live.append(Live(chunk - nbytes, "fragmentation", layers[o], ops[o].name))
+        op = ops[op_index]
+        result = self.result
+        result.live = live
+        result.peak_op = op.name
+        result.peak_op_type = op.type
+        result.peak_phase = self.phases[op_index]
+        result.peak_layer = layers[op_index]
+
+
+def _feeds(op_name: str, ops: list[Any], index: dict[str, int], feeds_update: set[str]) -> bool:
+    op = ops[index[op_name]]
+    return any(name in feeds_update for name in op.outputs)
