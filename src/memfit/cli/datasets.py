@@ -164,11 +164,11 @@ def data_audit(
             f"{dataset_fn!r} is not of the form package.module:dataset_fn",
             param_hint="'MODULE:DATASET_FN'",
         )
-    from memfit._child import load_dataset
     from memfit.data.audit import audit as run_audit
+    from memfit.models import call_factory
 
     with err.status("Building the dataset", spinner="dots") as status:
-        dataset = load_dataset(dataset_fn)
+        dataset = call_factory(dataset_fn)  # the dataset function's tf.data.Dataset
         status.update(f"Auditing: linting, then timing {steps} elements")
         result = run_audit(
             dataset, steps=steps, target_steps_per_second=target_steps_per_second, model=model
