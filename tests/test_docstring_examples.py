@@ -27,36 +27,9 @@ import memfit
 TESTS = Path(__file__).resolve().parent
 EXAMPLES = collect()
 
-# Examples whose docstring is still the heavy (or unrunnable) text, until the edit written in
-# /tmp/s/docstring_edits.md is applied to its module (others were restructuring it): the
-# example's name and a piece of the old text. Such an example is not run (as written it takes
-# minutes, or writes outside the test's folder); once its text no longer holds the piece, it
-# runs and must pass. Remove an entry once its edit is in.
-PENDING_EDITS = {
-    "estimate": 'input_shape=(128, 128, 3))',
-    "find_batch_size": 'find_batch_size(model, ["T4", "L4"])',
-    "fit": 'backup_dir="/mnt/disk/backup"',
-    "measure": "MobileNetV2(weights=None, input_shape=(160, 160, 3))",
-    "plan": '"keras.applications.ResNet50", 256, "T4"',
-}
-
-
-def pending(example: Example) -> bool:
-    old = PENDING_EDITS.get(example.name)
-    return old is not None and old in example.text
-
 
 def example_param(example: Example) -> Any:
-    marks = [pytest.mark.slow]
-    if pending(example):
-        marks.append(
-            pytest.mark.xfail(
-                strict=False,
-                run=False,
-                reason="docstring edit pending, see /tmp/s/docstring_edits.md",
-            )
-        )
-    return pytest.param(example.name, marks=marks, id=example.name)
+    return pytest.param(example.name, marks=[pytest.mark.slow], id=example.name)
 
 
 def documented_examples() -> set[str]:
@@ -90,7 +63,7 @@ def test_every_public_example_is_collected():
 def outcomes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """Every example's outcome: the children, one per emulated budget, run side by side."""
     groups: dict[str, list[str]] = {}
-    for example in (example for example in EXAMPLES if not pending(example)):
+    for example in EXAMPLES:
         groups.setdefault(emulation_key(example), []).append(example.name)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MEMFIT_", "TF_CPU_BFC"))}
     env["TF_CPP_MIN_LOG_LEVEL"] = "2"

@@ -89,8 +89,7 @@ def measure(
         ```python
         import memfit
         memfit.emulate("1GiB")
-        model = keras.applications.MobileNetV2(weights=None, input_shape=(160, 160, 3))
-        model.compile("adam", "sparse_categorical_crossentropy")
+        model = build_model()                # a compiled Keras model
         print(memfit.measure(model, batch_size=16))
         ```
     """

@@ -94,14 +94,14 @@ def fit(
 
     Example:
         ```python
-        memfit.emulate("T4")                 # or on the real card: nothing to set
+        memfit.emulate("1GiB")               # or device="T4"; on the real card: nothing to set
         history = memfit.fit(model, train_ds, epochs=10, validation_data=val_ds)
         for recovery in history.memfit.recoveries:
             print(recovery)
 
         # Preemption-safe: SIGTERM writes a checkpoint and exits 143; run it again to resume.
         memfit.fit(model, x, y, batch_size=64, epochs=10, shuffle=False,
-                   backup_dir="/mnt/disk/backup")
+                   backup_dir="checkpoints/run1")
         ```
     """
     check_trainable_model(model)

@@ -287,7 +287,7 @@ def estimate(
 
     Example:
         ```python
-        est = memfit.estimate("keras.applications.MobileNetV2", 32, input_shape=(128, 128, 3))
+        est = memfit.estimate("mypkg.models:build", 256)   # a MODEL string, or a Keras model
         print(est, est.breakdown)
         ```
     """

@@ -153,7 +153,7 @@ def plan(
 
     Example:
         ```python
-        p = memfit.plan("keras.applications.ResNet50", 256, "T4", input_shape=(224, 224, 3))
+        p = memfit.plan("mypkg.models:build", 256, "T4")  # a factory: K, precision, recompute
         print(p.summary())
         two = memfit.plan("mypkg.models:build", 256, ["T4", "L4"])  # 2 replicas, 128 each
         ```

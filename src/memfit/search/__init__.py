@@ -290,11 +290,11 @@ def find_batch_size(
 
     Example:
         ```python
-        memfit.emulate("T4")
+        memfit.emulate("128MiB")                   # or memfit.emulate(device="T4")
         model = build_model()                      # compiled
         result = memfit.find_batch_size(model)
         print(result.batch_size, result.summary())
-        two = memfit.find_batch_size(model, ["T4", "L4"])   # one budget per replica
+        two = memfit.find_batch_size(model, replicas=2)     # 2 data-parallel replicas
         print(two.batch_size, two.global_batch_size)
         ```
     """
