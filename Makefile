@@ -33,7 +33,7 @@ lint: install
 # Test files run on TEST_WORKERS processes (a file's tests stay together: they share fixtures).
 TEST_WORKERS ?= 2
 test: install lint
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=15
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=15
 
 # Benchmarks: one script per claim, tables on the terminal, JSON in bench/results/.
 bench: install
