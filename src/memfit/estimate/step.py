@@ -83,6 +83,15 @@ def step_structure(graph: Any) -> tuple[Any, ...]:
     Op index by name, each tensor's consumers, each op's predecessors and successors, phase
     and layer, and the tensors the optimizer's ops read (gradients). A sampled process
     replays the same graph many times (`memfit.estimate.bounds`): this is built once.
+
+    Args:
+        graph: the traced step (`memfit.backend.tf_graph.StepGraph`); the structure is
+            cached on it.
+
+    Example:
+        ```python
+        index, consumers, preds, succs, phases, layers, feeds_update = step_structure(graph)
+        ```
     """
     cached = graph.__dict__.get("_replay_structure")
     if cached is not None:
@@ -129,6 +138,21 @@ class StepRun:
     `finish` (inputs whose last consumer it was, and outputs nothing reads, are freed).
     A buffer is live from its allocation until its last reference goes; the variables'
     buffers hold one reference each for the life of the step.
+
+    Args:
+        graph: the traced step (`memfit.backend.tf_graph.StepGraph`).
+        bfc: the allocator, in the state the steps before left it.
+        variables: each variable's buffer in `bfc` (None: no variables).
+        order: op indices in the order to run them (None: grappler's order, or under `race`
+            a ready queue).
+        seed: another process's order: the ready queue's successors are shuffled by it.
+        race: under several inter-op threads, run a ready queue instead of a fixed order.
+
+    Example:
+        ```python
+        result = StepRun(graph, BFC(None), None, None, None, False).run()
+        print(result.step_peak_bytes, result.peak_op)
+        ```
     """
 
     def __init__(
