@@ -80,8 +80,12 @@ def test_measure_json_reports_the_peak_in_bytes():
     proc = run_cli(
         "measure",
         "keras.applications.MobileNetV2",
+        "--input-shape",
+        "96,96,3",
         "--batch-size",
         "4",
+        "--repeats",
+        "2",
         "--memory",
         "1GiB",
         "--json",
