@@ -106,7 +106,7 @@ CHILD = """
 import memfit, keras, numpy as np
 from memfit.backend import tf as tfb
 from memfit.workload import Workload
-from memfit.measure import measure_workload
+from memfit.measuring import measure_workload
 tf = tfb.import_tf()
 if {inter}:
     tf.config.threading.set_inter_op_parallelism_threads({inter})

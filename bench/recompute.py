@@ -70,7 +70,7 @@ try:
     m = memfit.measure(model, batch, data=data, repeats=repeats, recompute=recompute)
     estimated = None
     if ESTIMATE and variant in ("plain", "sqrt"):
-        from memfit.estimate import estimate_workload
+        from memfit.estimation import estimate_workload
         from memfit.workload import Workload
         workload = Workload(model, data=data)
         estimated = estimate_workload(workload, batch, recompute=recompute).peak_bytes
@@ -78,7 +78,7 @@ try:
           "step_seconds": m.step_seconds, "peaks": m.peaks_bytes, "report": report,
           "estimate": estimated})
 except Exception as exc:
-    from memfit.estimate import _not_applicable
+    from memfit.estimation import _not_applicable
     emit({"error": _not_applicable(exc)})
 """
 

@@ -1,4 +1,4 @@
-"""memfit.estimate: predicted peak of a training step without running it, and its breakdown."""
+"""memfit.estimation: predicted peak of a training step without running it, and its breakdown."""
 
 from __future__ import annotations
 
@@ -148,7 +148,7 @@ def test_drop_identity_n_rewires_consumers_and_control_edges():
 
 
 def test_single_thread_order_runs_one_chain_and_stacks_the_other_branches():
-    from memfit.estimate.simulate import single_thread_order
+    from memfit.estimation.simulate import single_thread_order
 
     # 0 const -> 1 loss grad -> {2 input grad -> 3 next grad, 4 weight grad -> 5 update}.
     # As TensorFlow's executor: the last ready successor continues inline, the other waits
@@ -190,7 +190,7 @@ def test_the_replay_runs_grapplers_graph(results):
 
 
 def test_bfc_regions_lie_as_glibc_hands_them_out():
-    from memfit.estimate.bfc import BFC
+    from memfit.estimation.bfc import BFC
 
     # The first region (2 MiB) comes from the heap, lowest; later ones are mmapped, each
     # below the one before. Of free chunks of one size, the lower address is taken.
@@ -206,7 +206,7 @@ def test_bfc_regions_lie_as_glibc_hands_them_out():
 
 def test_consumers_follow_grapplers_node_order():
     from memfit.backend.tf_graph import OpInfo, StepGraph
-    from memfit.estimate.simulate import execution_order
+    from memfit.estimation.simulate import execution_order
 
     ops = [
         OpInfo("g", "MatMul", [], ["g:0"], [64]),
@@ -377,7 +377,7 @@ def _variable_step(read_live_during_update: bool):
 
 
 def test_an_update_while_a_read_is_live_copies_the_variable():
-    from memfit.estimate.simulate import replay
+    from memfit.estimation.simulate import replay
 
     # resource_variable_ops.cc: AssignSub on a variable whose old value a live read still
     # holds first copies the variable to a new buffer (copy on write); without a live read it

@@ -1,4 +1,4 @@
-"""memfit.estimate.bounds: the high bound over the processes TensorFlow could run."""
+"""memfit.estimation.bounds: the high bound over the processes TensorFlow could run."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ tf = tfb.import_tf()
 tf.config.threading.set_inter_op_parallelism_threads(1)
 from memfit.backend import tf_trace
 from memfit.backend.tf_graph import op_dependencies
-from memfit.estimate.bounds import peak_range
-from memfit.estimate.simulate import execution_order, replay
+from memfit.estimation.bounds import peak_range
+from memfit.estimation.simulate import execution_order, replay
 from memfit.budget import emulated_budget
 from memfit.workload import Workload
 

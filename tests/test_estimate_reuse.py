@@ -13,8 +13,8 @@ CHECKS = """
 import keras, memfit
 from memfit.backend import tf_trace
 from memfit.backend.tf_graph import at_batch_size
-from memfit.estimate import estimate_workload
-from memfit.estimate.simulate import replay
+from memfit.estimation import estimate_workload
+from memfit.estimation.simulate import replay
 from memfit.workload import Workload
 import factories
 

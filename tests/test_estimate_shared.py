@@ -1,4 +1,4 @@
-"""memfit.estimate: a layer shared by several inputs, its per-input weight gradients and their sum.
+"""memfit.estimation: a layer shared by several inputs, its per-input gradients and their sum.
 
 A detector's heads are applied at every pyramid level: each level makes its own weight
 gradient of the same kernel (`Conv2DBackpropFilter`), and the tape sums them (`AddN`) once the
@@ -14,7 +14,7 @@ from __future__ import annotations
 from helpers import run_isolated
 
 from memfit.backend.tf_graph import OpInfo, StepGraph
-from memfit.estimate.simulate import replay
+from memfit.estimation.simulate import replay
 
 KIB, MIB = 1 << 10, 1 << 20
 
@@ -82,7 +82,7 @@ tf.config.threading.set_inter_op_parallelism_threads(1)
 import dataclasses
 import keras
 from memfit.backend import tf_trace
-from memfit.estimate.simulate import replay
+from memfit.estimation.simulate import replay
 from memfit.workload import Workload
 
 x = keras.Input((16, 16, 8))

@@ -138,7 +138,7 @@ def test_a_trace_that_has_run_is_measured_from_its_first_step():
     out = run_isolated(
         """
         import memfit, keras, tensorflow as tf
-        from memfit.measure import measure_workload
+        from memfit.measuring import measure_workload
         from memfit.workload import Workload
         model = keras.Sequential([keras.Input((16,)), keras.layers.Dense(4)])
         model.compile("adam", "mse")

@@ -1,4 +1,4 @@
-"""memfit.recompute: segments under tf.recompute_grad give the plain step's gradients, update
+"""memfit.recomputation: segments under tf.recompute_grad give the plain step's gradients, update
 BatchNorm once, keep dropout masks, and say clearly where they cannot apply."""
 
 from __future__ import annotations
@@ -321,7 +321,7 @@ def test_cli_measure_recompute_on_a_subclassed_model_is_one_line(tmp_path: Any) 
 
 def test_estimate_what_if_that_cannot_build_is_one_not_applicable_line() -> None:
     """A RematScope mode that fails is a row 'not applicable: <why>', not a raw exception."""
-    from memfit.estimate import _not_applicable
+    from memfit.estimation import _not_applicable
 
     keras_error = ValueError(
         'in user code:\n\n    File "functional.py", line 183, in call\n        outputs = '

@@ -18,12 +18,12 @@ from memfit.data.audit import AuditFinding, AuditResult
 from memfit.data.check import CheckResult, ImageInfo, Problem
 from memfit.demo.results import DemoResult, StepResult
 from memfit.devices import GpuInfo, GpuProcess
-from memfit.doctor import DoctorReport, Finding
-from memfit.estimate import Estimate
+from memfit.estimation import Estimate
 from memfit.explain import Explanation
 from memfit.measurement import Measurement
 from memfit.planning.candidates import Candidate, Plan
-from memfit.recompute import RecomputeReport, SegmentInfo
+from memfit.preflight import DoctorReport, Finding
+from memfit.recomputation import RecomputeReport, SegmentInfo
 from memfit.recovery import FitSummary, Recovery
 from memfit.search import BatchSearchResult, Trial
 from memfit.serialize import json_dict, suffixed, to_json

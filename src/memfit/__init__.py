@@ -30,8 +30,7 @@ from __future__ import annotations
 from memfit import data  # subpackage; imports TensorFlow only when used
 from memfit.budget import Budget
 from memfit.cards import CARDS, Card, get_card
-from memfit.doctor import DoctorReport, Finding, doctor
-from memfit.emulate import emulate, emulate_from_environment
+from memfit.emulation import emulate, emulate_from_environment
 from memfit.errors import (
     BackendMissingError,
     BackupError,
@@ -47,13 +46,14 @@ from memfit.errors import (
     UnknownDeviceError,
     WorkloadError,
 )
-from memfit.estimate import Estimate, estimate
+from memfit.estimation import Estimate, estimate
 from memfit.explain import Explanation
 from memfit.guarded_step import GuardedStep
-from memfit.measure import Measurement, measure, measure_many
+from memfit.measuring import Measurement, measure, measure_many
 from memfit.models import load_model
 from memfit.planning import Candidate, Plan, plan
-from memfit.recompute import Recompute, RecomputeReport, recompute
+from memfit.preflight import DoctorReport, Finding, doctor
+from memfit.recomputation import Recompute, RecomputeReport, recompute
 from memfit.recovery import FitSummary, Recovery
 from memfit.search import BatchSearchResult, Trial, find_batch_size
 from memfit.sizes import format_size, parse_size
@@ -153,7 +153,7 @@ def _emulate_from_environment() -> None:
     except MemfitError as error:
         if not _invoked_as_cli():
             raise
-        from memfit.emulate import defer_environment_error
+        from memfit.emulation import defer_environment_error
 
         defer_environment_error(error)
 

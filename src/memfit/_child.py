@@ -44,8 +44,8 @@ def open_measurer(
     from memfit.backend import tf as tfb
     from memfit.checks import check_batch_size
     from memfit.errors import MemfitError
-    from memfit.measure import measure_workload
-    from memfit.recompute import remat_recompute
+    from memfit.measuring import measure_workload
+    from memfit.recomputation import remat_recompute
     from memfit.workload_spec import WorkloadSpec
 
     spec = WorkloadSpec.from_json(workload)
@@ -56,7 +56,7 @@ def open_measurer(
             built.model.optimizer.build(built.model.trainable_variables)
         if recompute:
             # memfit's recompute (`memfit.recompute`), applied for this throwaway process.
-            from memfit.recompute import recompute as segmented
+            from memfit.recomputation import recompute as segmented
 
             segmented(built.model, recompute).apply()
         if warm_relaxed:
@@ -132,7 +132,7 @@ def open_estimator(workload: dict[str, Any]) -> Callable[..., dict[str, Any]]:
     import math
 
     from memfit.backend import tf as tfb
-    from memfit.estimate import estimate_workload
+    from memfit.estimation import estimate_workload
     from memfit.workload_spec import WorkloadSpec
 
     keras = tfb.import_keras()
@@ -164,7 +164,7 @@ def open_estimator(workload: dict[str, Any]) -> Callable[..., dict[str, Any]]:
             return {"device": device}
         workload = workload_for(precision, remat)
         micro = math.ceil(batch_size / micro_batches)
-        from memfit.recompute import remat_recompute
+        from memfit.recomputation import remat_recompute
 
         result = estimate_workload(workload, micro, recompute=remat_recompute(remat))
         extra = 0
@@ -212,7 +212,7 @@ def confirm_plan(
     import memfit
     from memfit.backend import tf as tfb
     from memfit.errors import MemfitError
-    from memfit.recompute import remat_recompute
+    from memfit.recomputation import remat_recompute
     from memfit.workload_spec import WorkloadSpec
 
     tf = tfb.import_tf()
@@ -376,7 +376,7 @@ def main(argv: list[str]) -> int:
 
     def prepare() -> Any:
         import memfit  # noqa: F401 - applies MEMFIT_MEMORY before TensorFlow initialises
-        from memfit.emulate import ensure_memory_statistics
+        from memfit.emulation import ensure_memory_statistics
 
         ensure_memory_statistics()
         return _function(job["function"])(**job["kwargs"])

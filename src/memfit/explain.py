@@ -472,7 +472,7 @@ def explain_records(
         )
     if with_estimate:
         try:
-            from memfit.estimate import estimate_workload
+            from memfit.estimation import estimate_workload
 
             compare_with_estimate(explanation, estimate_workload(workload, batch_size).to_dict())
         except Exception as exc:  # noqa: BLE001 - the measurement stands without it

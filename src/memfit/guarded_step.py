@@ -111,7 +111,7 @@ class GuardedStep:
         self.verbose = verbose
         self.epoch: int | None = None
         self.summary = FitSummary()
-        from memfit.recompute import as_recompute
+        from memfit.recomputation import as_recompute
 
         self.recompute = as_recompute(model, recompute)
         self._step = AccumulatingStep(

@@ -118,7 +118,7 @@ def fit(
         batch_size = None
     if hasattr(micro_batches, "precision") and hasattr(micro_batches, "remat"):
         check_plan(model, micro_batches)
-        from memfit.recompute import remat_recompute
+        from memfit.recomputation import remat_recompute
 
         # A plan for memfit's recompute wraps the model's forward: no rebuild needed.
         recompute = recompute or remat_recompute(micro_batches.remat)

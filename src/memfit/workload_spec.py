@@ -200,7 +200,7 @@ class WorkloadSpec:
             importlib.import_module(name)
         from memfit.backend import tf as tfb
         from memfit.models import load_model
-        from memfit.recompute import remat_scope
+        from memfit.recomputation import remat_scope
 
         if self.model is None:
             raise WorkloadError("no MODEL string to build the model from")

@@ -8,7 +8,7 @@ allocates while it runs); `StepGraph` is the whole step and what the caller hold
 another batch size from two traces of it (trace once, replay many).
 
 The graph is made by `memfit.backend.tf_trace.trace_step`, its wiring corrected by
-`memfit.backend.tf_grappler`, and replayed by `memfit.estimate.simulate`.
+`memfit.backend.tf_grappler`, and replayed by `memfit.estimation.simulate`.
 """
 
 from __future__ import annotations

@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> None:
     """Run the CLI: user errors become one line on stderr and exit status 2."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     warnings.showwarning = _show_warning
-    from memfit.emulate import environment_error  # what `import memfit` kept, if anything
+    from memfit.emulation import environment_error  # what `import memfit` kept, if anything
 
     error = environment_error()
     if error is not None:  # a bad MEMFIT_MEMORY / MEMFIT_DEVICE

@@ -11,7 +11,7 @@ from rich.table import Table
 from memfit.checks import check_batch_size, check_threads
 from memfit.cli.options import apply_budget, count_option, workload_command
 from memfit.cli.render import err, out, print_json
-from memfit.estimate.bounds import ALLOWANCE, SAMPLES
+from memfit.estimation.bounds import ALLOWANCE, SAMPLES
 from memfit.sizes import format_size
 from memfit.workload_spec import WorkloadSpec
 
@@ -72,7 +72,7 @@ def estimate(
         precision = None
     budget = apply_budget(memory, device)
     model = str(workload.model)
-    from memfit.estimate import estimate as run_estimate
+    from memfit.estimation import estimate as run_estimate
 
     with err.status("Loading model", spinner="dots") as status:
 
@@ -103,7 +103,7 @@ def estimate(
             status.update("Measuring the step in a child process")
             from memfit.budget import emulated_budget
             from memfit.isolate import measure_in_child
-            from memfit.measure import DEFAULT_REPEATS
+            from memfit.measuring import DEFAULT_REPEATS
 
             # The step estimated: the same workload, built under the same precision and remat.
             variant = dataclasses.replace(workload, precision=precision, remat=remat)

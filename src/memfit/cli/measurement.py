@@ -63,8 +63,8 @@ def measure(
     """
     budget = apply_budget(memory, device)
     from memfit.isolate import measure_in_child
-    from memfit.measure import measure_built
-    from memfit.recompute import policy_from_text
+    from memfit.measuring import measure_built
+    from memfit.recomputation import policy_from_text
 
     policy = policy_from_text(recompute) if recompute else None
     options = {"repeats": repeats, "budget": budget, "recompute": policy, "explain": explain}

@@ -66,7 +66,7 @@ def json_option(command: Callable[..., Any]) -> Callable[..., Any]:
 def apply_budget(memory: str | None, device: str | None) -> Budget | None:
     """Emulate the budget `--memory` / `--device` name, before TensorFlow initialises."""
     from memfit.budget import emulated_memory_growth
-    from memfit.emulate import emulate, ensure_memory_statistics
+    from memfit.emulation import emulate, ensure_memory_statistics
 
     growth = emulated_memory_growth()
     budget = resolve_budget(memory=memory, device=device)

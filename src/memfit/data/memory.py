@@ -113,7 +113,7 @@ def measure_child(spec: str, batch_size: int, height: int, width: int) -> dict[s
         width: the largest image's width.
     """
     from memfit.budget import emulated_budget
-    from memfit.measure import measure_workload
+    from memfit.measuring import measure_workload
     from memfit.models import load_model
     from memfit.workload import Workload
 

@@ -143,7 +143,7 @@ class Plan:
         previous = keras.mixed_precision.dtype_policy()
         keras.mixed_precision.set_dtype_policy(self.precision)
         try:
-            from memfit.recompute import remat_scope
+            from memfit.recomputation import remat_scope
 
             with remat_scope(self.remat):
                 yield

@@ -15,7 +15,7 @@ from typing import Any
 from memfit.backend import tf as tfb
 from memfit.budget import Budget
 from memfit.errors import MemfitError, WorkloadError
-from memfit.measure import Measurement, measure_workload
+from memfit.measuring import Measurement, measure_workload
 from memfit.workload_spec import WorkloadSpec
 
 # Why an in-process search refuses a MODEL string.

@@ -2,7 +2,7 @@
 
 `single_thread_order` follows the executor's own policy (`ExecutorState::ScheduleReady`): one
 chain runs inline, depth first; the other ready expensive ops wait on the pool's stack. Each
-inter-op thread runs that way, so `memfit.estimate.simulate` plays this order under one
+inter-op thread runs that way, so `memfit.estimation.simulate` plays this order under one
 thread or several. `execution_order` applies it to a traced step, its successors in the order
 TensorFlow meets them (grappler's node order, or an order drawn from a seed: another
 process); `depends_on` tells whether one op needs another's outputs (ops that may run side

@@ -6,7 +6,7 @@ inter-op threads which of the ops made ready together runs first is a race, so t
 the step (and with it which tensors are live together) changes from one process to the next.
 What ran before the step (the allocator's history: which free chunks lie where) decides
 which chunk each request gets, and in one region a chunk less than twice the request is
-handed out whole. The likely peak (`memfit.estimate.simulate.replay`) plays grappler's node
+handed out whole. The likely peak (`memfit.estimation.simulate.replay`) plays grappler's node
 order from a fresh allocator; the high bound replays `samples` other processes, each with its
 own history (warm-up steps in drawn orders) and its own order for the measured steps, and
 takes the highest peak, plus an allowance for the histories the samples do not reach.
@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from memfit.estimate.simulate import replay
+from memfit.estimation.simulate import replay
 
 # Processes replayed beside the likely one (each a warm-up history and an executor order).
 SAMPLES = 4

@@ -2,8 +2,8 @@
 
 The step's graph is traced (forward, loss, gradients, optimizer update; see
 `memfit.backend.tf_trace`) for a batch described only by its shapes, and replayed through a
-model of TensorFlow's executor and BFC allocator (`memfit.estimate.simulate`,
-`memfit.estimate.bfc`). The predicted quantity is what `memfit.measure` reports as
+model of TensorFlow's executor and BFC allocator (`memfit.estimation.simulate`,
+`memfit.estimation.bfc`). The predicted quantity is what `memfit.measure` reports as
 `peak_bytes`: the allocator's peak during a training step after one warm-up step, weights,
 optimizer state and the batch included.
 
@@ -29,8 +29,8 @@ from memfit.backend.tf_kernels import assume_threads
 from memfit.budget import Budget, as_budget, emulated_budget, emulated_memory_growth
 from memfit.checks import check_batch_size, check_threads
 from memfit.errors import WorkloadError
-from memfit.estimate.bounds import SAMPLES, peak_range
-from memfit.estimate.simulate import Replay, replay
+from memfit.estimation.bounds import SAMPLES, peak_range
+from memfit.estimation.simulate import Replay, replay
 from memfit.serialize import json_dict, suffixed
 from memfit.sizes import format_size
 from memfit.workload import InputShape, Workload
@@ -64,7 +64,7 @@ class Estimate:
         input_shapes: shape of one sample per input.
         high_bytes: the high bound of the peak: the highest of the processes TensorFlow
             could run (other executor orders, other allocator histories), plus an allowance
-            (see `memfit.estimate.bounds`). `peak_bytes` is the likely peak; a card is safe
+            (see `memfit.estimation.bounds`). `peak_bytes` is the likely peak; a card is safe
             to rent for the high bound.
         sample_peaks_bytes: the peak of each sampled process behind `high_bytes`.
         trace_seconds: seconds spent tracing the step, grappler included (0 when it was
@@ -154,7 +154,7 @@ def estimate_workload(
 def _start_trace(workload: Workload, batch_size: int, recompute: Any = None) -> Any:
     """Trace the step: a `tf_trace.TracedStep`, its grappler pass still running on a thread."""
     from memfit.backend import tf_trace
-    from memfit.recompute import as_recompute
+    from memfit.recomputation import as_recompute
 
     optimizer = workload.model.optimizer
     if optimizer is not None and not getattr(optimizer, "built", True):

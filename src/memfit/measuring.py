@@ -14,7 +14,7 @@ from memfit.backend import tf as tfb
 from memfit.budget import Budget, as_budget, emulated_budget
 from memfit.checks import check_batch_size, check_positive_int
 from memfit.errors import WorkloadError
-from memfit.measurement import Measurement  # also memfit.measure.Measurement, as before
+from memfit.measurement import Measurement  # also memfit.measuring.Measurement
 from memfit.sizes import format_size
 from memfit.workload import InputShape, Workload
 from memfit.workload_spec import WorkloadSpec
@@ -371,7 +371,7 @@ def measure_many(
 
 def _recomputing(workload: Workload, recompute: Any, run: Callable[..., Any]) -> Callable[..., Any]:
     """`run` with memfit's recompute applied to the workload's model while it runs."""
-    from memfit.recompute import as_recompute
+    from memfit.recomputation import as_recompute
 
     segmented = as_recompute(workload.model, recompute)
     if segmented is None:

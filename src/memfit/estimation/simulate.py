@@ -16,8 +16,8 @@ nothing else holds (`forward_input_or_allocate_output`); its kernel's scratch is
 runs; a buffer is freed when the last tensor that refers to it has been consumed.
 
 This module sets up the allocator as a measuring process has it and plays the steps; the
-executor's order is `memfit.estimate.order`, one step (each op's states and its buffers)
-`memfit.estimate.step.StepRun`.
+executor's order is `memfit.estimation.order`, one step (each op's states and its buffers)
+`memfit.estimation.step.StepRun`.
 
 Known limit: the measured peak itself is not one number across processes. With one inter-op
 thread, ResNet50 96 px batch 2 Adam measured 337 MiB in most fresh `tf.function`s and 345-375
@@ -34,15 +34,15 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from memfit.estimate.bfc import BFC
-from memfit.estimate.order import (
+from memfit.estimation.bfc import BFC
+from memfit.estimation.order import (
     INEXPENSIVE_OPS,
     execution_order,
     single_thread_order,
 )
-from memfit.estimate.step import GRANULE, Live, Replay, StepRun, layer_of, phase_of, round_up
+from memfit.estimation.step import GRANULE, Live, Replay, StepRun, layer_of, phase_of, round_up
 
-# Re-exported from `memfit.estimate.order` and `memfit.estimate.step`, where they moved.
+# Re-exported from `memfit.estimation.order` and `memfit.estimation.step`, where they moved.
 __all__ = [
     "INEXPENSIVE_OPS",
     "GRANULE",

@@ -1,11 +1,11 @@
 """One step of the replay: a small state machine over a traced step's ops and buffers.
 
 `StepRun` plays one training step of a `memfit.backend.tf_graph.StepGraph` through a model of
-TensorFlow's BFC allocator (`memfit.estimate.bfc.BFC`): each op the scheduler hands out (a
-fixed order from `memfit.estimate.order`, or a ready queue) gets its outputs' buffers, holds
+TensorFlow's BFC allocator (`memfit.estimation.bfc.BFC`): each op the scheduler hands out (a
+fixed order from `memfit.estimation.order`, or a ready queue) gets its outputs' buffers, holds
 its kernel's scratch while it runs, and frees what it was the last to read. `Replay` is what
 a step found: its peak above what was in use before it, and what was live then (`Live`).
-`memfit.estimate.simulate.replay` sets up the allocator and plays the steps.
+`memfit.estimation.simulate.replay` sets up the allocator and plays the steps.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from collections import defaultdict, deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from memfit.estimate.bfc import BFC
-from memfit.estimate.order import depends_on, execution_order
+from memfit.estimation.bfc import BFC
+from memfit.estimation.order import depends_on, execution_order
 
 GRANULE = 256
 
@@ -82,7 +82,7 @@ def step_structure(graph: Any) -> tuple[Any, ...]:
 
     Op index by name, each tensor's consumers, each op's predecessors and successors, phase
     and layer, and the tensors the optimizer's ops read (gradients). A sampled process
-    replays the same graph many times (`memfit.estimate.bounds`): this is built once.
+    replays the same graph many times (`memfit.estimation.bounds`): this is built once.
 
     Args:
         graph: the traced step (`memfit.backend.tf_graph.StepGraph`); the structure is
