@@ -16,6 +16,7 @@ each example those placeholders, freshly built:
 - `x`, `y`: 256 images 32x32x3 (float32) and their integer labels (0-9).
 - `train_ds`, `dataset`: a `tf.data.Dataset` of the same, in batches of 32; `val_ds`: 64 more.
 - `watch`: a `memfit.Watch` that watched one epoch of `model.fit` on `train_ds`.
+- `optimizer`, `loss`: a Keras Adam optimizer and sparse categorical cross-entropy.
 - `mypkg`: the user's package, whose `mypkg.models:build` is a tiny model factory (in
   tests/mypkg/, importable by memfit's child processes through PYTHONPATH).
 
@@ -40,6 +41,7 @@ import time
 import traceback
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 HEADING = re.compile(r"^(?P<indent>[ \t]*)Examples?:[ \t]*$", re.M)
@@ -107,8 +109,28 @@ def public_objects() -> Iterator[tuple[str, Any]]:
                 yield f"{name}.{attr}", member
 
 
+def readme_examples() -> list[Example]:
+    """The README's ```python blocks, each named `README <its section>`.
+
+    The "Python API" section's block is left out: tests/test_readme.py runs it as it stands,
+    in a terminal, because it defines all it uses.
+    """
+    readme = Path(__file__).resolve().parents[1] / "README.md"
+    examples, section = [], ""
+    for match in re.finditer(
+        r"^(#+ [^\n]*)$|^```python\n(.*?)^```", readme.read_text(), re.S | re.M
+    ):
+        if match.group(1):
+            section = match.group(1).lstrip("# ").strip()
+        elif section != "Python API":
+            name = f"README {section}"
+            examples.append(Example(name, "memfit", f"```python\n{match.group(2)}```"))
+    return examples
+
+
 def collect() -> list[Example]:
-    """The Example section of every public object (its own docstring, not one inherited)."""
+    """The Example section of every public object (its own docstring, not one inherited),
+    then the README's examples (`readme_examples`)."""
     examples = []
     for name, obj in public_objects():
         text = example_section(getattr(obj, "__doc__", None))
@@ -116,7 +138,7 @@ def collect() -> list[Example]:
             continue
         module = obj.__name__ if inspect.ismodule(obj) else getattr(obj, "__module__", "memfit")
         examples.append(Example(name, module or "memfit", text))
-    return examples
+    return examples + readme_examples()
 
 
 def emulation_key(example: Example) -> str:
@@ -187,6 +209,8 @@ PLACEHOLDERS: dict[str, Any] = {
     "dataset": lambda: batches(256, 0),
     "val_ds": lambda: batches(64, 1),
     "watch": watched,
+    "optimizer": lambda: _module("keras").optimizers.Adam(1e-3),
+    "loss": lambda: _module("keras").losses.SparseCategoricalCrossentropy(),
 }
 
 
