@@ -5,11 +5,14 @@ from __future__ import annotations
 import os
 import pty
 import re
+import shlex
 import subprocess
 import sys
 import threading
 from pathlib import Path
+from typing import Any
 
+import click
 import pytest
 
 README = Path(__file__).resolve().parents[1] / "README.md"
@@ -75,3 +78,38 @@ def test_python_api_block_runs_and_shows_progress_in_a_terminal(tmp_path):
     assert re.search(r"trial +\d+: ", err), err[-3000:]
     assert "memfit: planning batch 128" in err, err[-3000:]
     assert "largest batch:" in proc.stdout and "batch 128:" in proc.stdout, proc.stdout
+
+
+def readme_commands() -> list[list[str]]:
+    """Every `memfit ...` line of the README's ```bash blocks, as its arguments."""
+    blocks = re.findall(r"```bash\n(.*?)```", README.read_text(), re.S)
+    lines = [line for block in blocks for line in block.splitlines()]
+    return [shlex.split(line, comments=True)[1:] for line in lines if line.startswith("memfit ")]
+
+
+def parsed(command: click.Command, args: list[str], parent: Any = None, name: str = "memfit"):
+    """The context click makes of `args` for `command`, down to the subcommand; nothing runs."""
+    ctx = command.make_context(name, list(args), parent=parent)
+    if isinstance(command, click.Group):
+        rest = [*getattr(ctx, "_protected_args", []), *ctx.args]
+        sub_name, sub, rest = command.resolve_command(ctx, rest)
+        return parsed(sub, rest, ctx, sub_name)
+    return ctx
+
+
+def test_every_readme_command_is_a_valid_command_line():
+    # The commands are a user's (their .keras file, their TFRecords, a T4 plan of ResNet50 at
+    # batch 256 that takes an hour on a CPU): each is parsed as `memfit` would parse it, every
+    # option and value checked, without running it. The Python blocks run (test above and
+    # tests/test_docstring_examples.py).
+    from memfit.cli import cli
+
+    commands = readme_commands()
+    assert len(commands) >= 8, commands
+    for args in commands:
+        ctx = parsed(cli, args)
+        assert ctx.command.name == args[0] or ctx.parent.command.name == args[0], args
+    with pytest.raises(click.UsageError):  # what a wrong example would meet
+        parsed(cli, ["plan", "keras.applications.ResNet50", "--batch-size", "many"])
+    with pytest.raises(click.UsageError):
+        parsed(cli, ["measure", "keras.applications.ResNet50", "--no-such-option"])
