@@ -31,7 +31,7 @@ from memfit.search.strategy import (
 PEAKS = {1: 100, 5: 300, 10: 500}
 
 
-def test_the_strategy_imports_nothing_but_math():
+def test_the_strategy_imports_nothing_but_math_and_types():
     tree = ast.parse(inspect.getsource(strategy))
     imported = set()
     for node in ast.walk(tree):
@@ -39,7 +39,7 @@ def test_the_strategy_imports_nothing_but_math():
             imported |= {alias.name for alias in node.names}
         elif isinstance(node, ast.ImportFrom):
             imported.add(node.module)
-    assert imported == {"__future__", "math"}
+    assert imported == {"__future__", "collections.abc", "math"}  # no TensorFlow, no memfit
 
 
 def test_the_package_still_exports_the_constants_it_had():
@@ -222,3 +222,25 @@ def test_a_linear_model_is_bracketed_in_8_trials_and_soaked_below_it():
     rise = soak_rise(strategy.SOAK_RISE, 1035, predicted_peak(peaks, size))
     assert rise == pytest.approx(1.15)
     assert next_soak_size(peaks, size, limit, rise) == 38
+
+
+def test_largest_fitting_closes_on_the_largest_size_that_fits_predicted_peaks():
+    # A prediction with a curve (peaks grow faster than the line through small sizes): the
+    # answer is within the tolerance below the true largest (418), never above it, in a few
+    # predictions, as memfit.estimate's largest-batch what-if asks them.
+    from memfit.search.strategy import largest_fitting
+
+    asked: list[int] = []
+
+    def peak_at(size: int) -> int:
+        asked.append(size)
+        return 1000 + 37 * size + size * size // 50
+
+    known = {32: peak_at(32), 64: peak_at(64)}
+    size, peak = largest_fitting(peak_at, known, 20_000)
+    assert 418 - 418 // 32 <= size <= 418 and peak == peak_at(size) <= 20_000
+    assert len(asked) - 3 <= 8 and known[size] == peak
+    # Nothing fits: no answer; a cap holds; a line is solved exactly.
+    assert largest_fitting(peak_at, {32: peak_at(32)}, 100) == (None, None)
+    assert largest_fitting(peak_at, {32: peak_at(32)}, 20_000, cap=100)[0] == 100
+    assert largest_fitting(lambda s: 100 + 10 * s, {1: 110, 4: 140}, 500) == (40, 500)

@@ -31,6 +31,7 @@ from memfit.checks import check_batch_size, check_threads
 from memfit.errors import WorkloadError
 from memfit.estimation.bounds import SAMPLES, peak_range
 from memfit.estimation.simulate import Replay, replay
+from memfit.search.strategy import largest_fitting
 from memfit.serialize import json_dict, suffixed
 from memfit.sizes import format_size
 from memfit.workload import InputShape, Workload
@@ -181,9 +182,7 @@ def _replayed(
     likely = sum(breakdown.values())
     bound = None
     if samples > 0:
-        bound = peak_range(
-            graph, likely, region_bytes=region, samples=samples, on_sample=on_sample
-        )
+        bound = peak_range(graph, likely, region_bytes=region, samples=samples, on_sample=on_sample)
     return Estimate(
         high_bytes=bound.high_bytes if bound is not None else None,
         sample_peaks_bytes=bound.sample_bytes if bound is not None else [],
@@ -431,7 +430,12 @@ def _what_ifs(
     if base.budget is not None:
         progress("what if: the largest batch for the budget")
         # The largest batch whose high bound fits: the answer a card can be rented on.
-        largest = _largest_batch(steps, int(base.budget.usable_bytes / ratio), by_size)
+        largest = largest_fitting(
+            lambda size: steps.estimate(size).peak_bytes,
+            by_size,
+            int(base.budget.usable_bytes / ratio),
+            max_probes=6,
+        )
         rows.append(
             {
                 "change": f"largest batch for {base.budget.name}",
@@ -483,34 +487,3 @@ def _not_applicable(exc: Exception) -> str:
         why = re.sub(r"\x1b\[[0-9;]*m", "", lines[1])  # the cause, not the wrapper
     why = why.removeprefix("recompute is not applicable: ")
     return f"not applicable: {why[:200]}"
-
-
-def _largest_batch(
-    steps: _Steps, limit: int, known: dict[int, int]
-) -> tuple[int | None, int | None]:
-    """Largest batch whose predicted peak fits `limit`: extrapolate, then bisect on estimates
-    (made from the traces at two batch sizes, `_Steps`)."""
-    sizes = sorted(known)
-    low, high = sizes[0], sizes[-1]
-    slope = (known[high] - known[low]) / max(1, high - low)
-    if known[low] > limit:
-        return None, None
-    guess = high if slope <= 0 else max(1, int(low + (limit - known[low]) / slope))
-    best: tuple[int | None, int | None] = (low, known[low])
-    lo, hi = low, max(guess * 2, low + 1)
-    # Bisect on predicted peaks, starting near the linear guess (few traces).
-    candidate = guess
-    for _ in range(6):
-        peak = known.get(candidate)
-        if peak is None:
-            peak = steps.estimate(candidate).peak_bytes
-            known[candidate] = peak
-        if peak <= limit:
-            best = (candidate, peak) if candidate >= (best[0] or 0) else best
-            lo = candidate
-        else:
-            hi = candidate
-        if hi - lo <= max(1, lo // 32):
-            break
-        candidate = (lo + hi) // 2
-    return best

@@ -9,6 +9,7 @@ and asks these what to do next, so every decision has fast tests of its own.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 # Without a cap, the search stops doubling here.
 DEFAULT_MAX_BATCH = 65536
@@ -205,3 +206,55 @@ def bytes_per_sample(peaks: dict[int, int]) -> float:
     if b - a < max(3, b // 4):
         a = sizes[0]
     return (peaks[b] - peaks[a]) / (b - a)
+
+
+def largest_fitting(
+    peak_at: Callable[[int], int],
+    known: dict[int, int],
+    limit: int,
+    *,
+    cap: int = DEFAULT_MAX_BATCH,
+    tolerance: float = 1 / 32,
+    max_probes: int = 8,
+) -> tuple[int | None, int | None]:
+    """The largest size whose peak fits `limit`, guessed as the search guesses (`next_guess`).
+
+    For peaks that cost no out-of-memory error to learn (a prediction such as
+    `memfit.estimate`'s): `peak_at(size)` gives one, and each answer narrows the bracket
+    between the largest size that fits and the smallest that does not, until it is within
+    `tolerance` of the size that fits or `max_probes` sizes were asked about.
+
+    Args:
+        peak_at: a size's peak in bytes.
+        known: peaks already known (size -> bytes); at least one size. Filled in as it goes.
+        limit: the most a fitting peak may reach.
+        cap: never a size above this.
+        tolerance: stop once the bracket is within this share of the size that fits.
+        max_probes: ask `peak_at` at most this many times.
+
+    Returns:
+        The largest size that fits and its peak, or `(None, None)` when the smallest known
+        size does not fit.
+
+    Example:
+        >>> largest_fitting(lambda size: 100 + 10 * size, {1: 110, 4: 140}, limit=500)
+        (40, 500)
+    """
+    fits = {size: peak for size, peak in known.items() if peak <= limit}
+    if not fits or min(known) < min(fits):
+        return None, None
+    lo = max(fits)
+    hi = min((size for size, peak in known.items() if peak > limit and size > lo), default=None)
+    for _ in range(max_probes):
+        if lo >= cap or (hi is not None and hi - lo <= max(1, math.floor(tolerance * lo))):
+            break
+        guess, _, _ = next_guess(fits, lo, hi, cap, limit)
+        if guess <= lo or (hi is not None and guess >= hi):
+            break
+        known[guess] = peak_at(guess)
+        if known[guess] <= limit:
+            fits[guess] = known[guess]
+            lo = guess
+        else:
+            hi = guess
+    return lo, known[lo]
