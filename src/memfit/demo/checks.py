@@ -14,7 +14,7 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
-from memfit.demo.job import BATCH, LARGE, MEASURED_PROCESSES, TARGET_BATCH, Settings, write_data
+from memfit.demo.job import BATCH, LARGE, TARGET_BATCH, Settings, write_data
 from memfit.demo.render import outcome_text, size_text
 
 
@@ -92,7 +92,7 @@ class StepChecks:
     def check_estimate(self, model: str, data: str) -> tuple[bool, dict[str, Any]]:
         # A measured peak is fixed per process, not per model (the executor's order of ops
         # changes from one process to the next; see docs/estimate.md, "What it predicts"):
-        # the estimate is compared with the median of MEASURED_PROCESSES fresh processes, as
+        # the estimate is compared with the median of `measured_processes` fresh processes, as
         # the accuracy benchmark does. The data check measured the step once already (a fresh
         # child, same model, batch and image size); `memfit measure` measures the rest.
         code, out, stderr = self.memfit(
@@ -102,7 +102,7 @@ class StepChecks:
             return False, {"problem": f"estimate failed: {stderr}"}
         predicted = out.get("peak_bytes")
         peaks = [self.measured_peak] if self.measured_peak else []
-        while len(peaks) < MEASURED_PROCESSES:
+        while len(peaks) < self.settings.measured_processes:
             code, step, stderr = self.memfit(
                 "measure", model, "--data", data, "--batch-size", str(BATCH), "--repeats", "2"
             )

@@ -21,7 +21,6 @@ from memfit.demo.job import (
     BATCH,
     DATA_ENV,
     DEFAULT_MEMORY,
-    MEASURED_PROCESSES,
     TARGET_BATCH,
     Settings,
 )
@@ -119,7 +118,7 @@ class Demo(StepChecks):
         self.step(
             "estimate and measure: what does a step cost?",
             "the estimate, made without running, is within 15% of the step's measured peak "
-            f"(the median of {MEASURED_PROCESSES} fresh processes)",
+            f"(the median of {s.measured_processes} fresh processes)",
             f"memfit estimate {model} --data {large} --batch-size {BATCH}  and  "
             f"memfit measure {model} --data {large} --batch-size {BATCH} --repeats 2",
             lambda: self.check_estimate(model, large),
