@@ -35,6 +35,11 @@ cores, as on a busy machine.
     python -m bench.estimate_accuracy --quick                     # 2 models (< 10 minutes)
     python -m bench.estimate_accuracy --group unseen --optimizers adam --one-batch
     python -m bench.estimate_accuracy --out out.json              # both groups, both threadings
+    python -m bench.estimate_accuracy --measure-only --out m.json # measure once ...
+    python -m bench.estimate_accuracy --measured m.json           # ... estimate after each change
+
+The measured peaks depend on TensorFlow and the machine, not on memfit's estimate: `--measured`
+reuses an earlier run's (same selection of cases) and runs one estimating process per case.
 """
 
 from __future__ import annotations
@@ -118,13 +123,17 @@ optimizer = keras.optimizers.Adam() if opt == "adam" else keras.optimizers.SGD(m
 model, data = accuracy_model(name, size, batch, optimizer)
 # The detector compiled itself with its losses and our optimizer: keep that compile.
 workload = Workload(model, optimizer=None if data is not None else optimizer, data=data)
-# The step model.fit runs (memfit.measure's default step): a warm-up, then {steps} steps.
-m = measure_workload(workload, batch, repeats={steps}, device="CPU:0", budget=None)
-measured = {{"peak": m.peak_bytes, "peaks": m.peaks_bytes, "resident": m.resident_bytes}}
+if {measure}:
+    # The step model.fit runs (memfit.measure's default step): a warm-up, then {steps} steps.
+    m = measure_workload(workload, batch, repeats={steps}, device="CPU:0", budget=None)
+    measured = {{"peak": m.peak_bytes, "peaks": m.peaks_bytes, "resident": m.resident_bytes}}
+else:
+    # Estimate only (--measured): the peaks come from an earlier run's JSON.
+    measured = {{"peak": None, "peaks": [], "resident": {resident}}}
 if not {predict}:
     emit(measured)
     raise SystemExit(0)
-resident = m.resident_bytes
+resident = measured["resident"]
 import time as _time
 started = _time.perf_counter()
 e = memfit.estimate(model, batch, data=data)
@@ -218,6 +227,27 @@ def cases_for(
         for opt in optimizers
         for threads in threadings
     ]
+
+
+def case_key(case: dict[str, Any]) -> tuple[Any, ...]:
+    """What identifies a case across runs: group, model, size, batch, optimizer, threading."""
+    return tuple(case[k] for k in ("group", "model", "size", "batch_size", "optimizer", "threads"))
+
+
+def measured_rows(path: str) -> dict[tuple[Any, ...], dict[str, Any]]:
+    """The measured rows of an earlier run's JSON (`--out`), by `case_key`.
+
+    Raises:
+        SystemExit: the file is missing or is not this benchmark's output.
+    """
+    try:
+        with open(path) as handle:
+            rows = json.load(handle)["rows"]
+        return {case_key(row): row for row in rows}
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise SystemExit(
+            f"--measured {path}: not a bench.estimate_accuracy --out file ({exc})"
+        ) from None
 
 
 def error(predicted: int | None, measured: int) -> float | None:
@@ -413,8 +443,21 @@ def main(argv: list[str] | None = None) -> None:
         action="store_false",
         help="Leave out the grappler baseline (a second trace in each predicting process).",
     )
+    parser.add_argument(
+        "--measure-only",
+        action="store_true",
+        help="Measure the cases and predict nothing (their JSON feeds --measured later).",
+    )
+    parser.add_argument(
+        "--measured",
+        metavar="JSON",
+        help="Take the measured peaks from an earlier run's --out and only estimate again: "
+        "one process per case (the peaks depend on TensorFlow, not on memfit's estimate).",
+    )
     parser.add_argument("--out", help="Write results as JSON here.")
     args = parser.parse_args(argv)
+    if args.measure_only and args.measured:
+        parser.error("--measure-only and --measured exclude each other")
 
     specs = QUICK if args.quick else TUNED_ON + UNSEEN
     if args.group != "all":
@@ -431,7 +474,16 @@ def main(argv: list[str] | None = None) -> None:
     if args.one_batch:
         specs = [Spec(s.model, s.size, (min(s.batches),), s.group) for s in specs]
     cases = cases_for(specs, optimizers, threadings, batches, args.size)
-    processes = max(1, args.processes)
+    earlier: dict[tuple[Any, ...], dict[str, Any]] = {}
+    if args.measured:
+        earlier = measured_rows(args.measured)
+        missing = [c for c in cases if case_key(c) not in earlier]
+        if missing:
+            console.print(f"{len(missing)} cases are not in {args.measured}: left out")
+        cases = [c for c in cases if case_key(c) in earlier]
+        if not cases:
+            parser.error(f"none of the selected cases is in {args.measured}")
+    processes = 1 if args.measured else max(1, args.processes)
     jobs = [(index, p) for index in range(len(cases)) for p in range(processes)]
     # Children import bench.models: the repository root goes on their path, ahead of the
     # inherited one (which names the memfit sources to run, if set).
@@ -448,6 +500,7 @@ def main(argv: list[str] | None = None) -> None:
         index, process = job
         case = cases[index]
         inter, intra = THREADINGS[case["threads"]]
+        before = earlier.get(case_key(case))
         code = CHILD.format(
             name=case["model"],
             size=case["size"],
@@ -456,7 +509,9 @@ def main(argv: list[str] | None = None) -> None:
             inter=inter,
             intra=intra,
             steps=args.steps,
-            predict=process == 0,
+            measure=before is None,
+            resident=before["resident"] if before else None,
+            predict=process == 0 and not args.measure_only,
             grappler=args.grappler,
         )
         label = (
@@ -479,8 +534,13 @@ def main(argv: list[str] | None = None) -> None:
                     f", estimate {_mib(result['memfit'])} MiB (high "
                     f"{_mib(result['memfit_high'])}) in {result['estimate_seconds']:.0f} s"
                 )
+            measured_text = (
+                "measured earlier"
+                if result["peak"] is None
+                else f"{_mib(result['peak'])} MiB measured"
+            )
             console.print(
-                f"[{done[0]}/{len(jobs)}] {label}: {_mib(result['peak'])} MiB{extra} "
+                f"[{done[0]}/{len(jobs)}] {label}: {measured_text}{extra} "
                 f"({seconds:.0f} s; {time.perf_counter() - started:.0f} s in all)"
             )
         return result
@@ -494,31 +554,43 @@ def main(argv: list[str] | None = None) -> None:
         first = runs[0]
         if first is None or any(r is None for r in runs):
             continue
-        each = [r["peak"] for r in runs]
+        before = earlier.get(case_key(case))
+        each = before["measured_each"] if before else [r["peak"] for r in runs]
         measured = max(each)
         row = {
             **case,
             "measured": measured,
             "measured_median": sorted(each)[(len(each) - 1) // 2],
             "measured_each": each,
-            "peaks": [p for r in runs for p in r["peaks"]],
+            "peaks": before["peaks"] if before else [p for r in runs for p in r["peaks"]],
             "process_seconds": [r["seconds"] for r in runs],
             **{k: v for k, v in first.items() if k not in ("peak", "peaks", "seconds")},
+            "measured_in": args.measured or "this run",
         }
+        if "memfit" not in first:  # --measure-only
+            rows.append(row)
+            continue
         for method in ("memfit", "stackoverflow", "grappler"):
             row[f"{method}_error"] = error(first[method], measured)
         row["memfit_error_vs_median"] = error(first["memfit"], row["measured_median"])
         row["in_range"] = in_range(first["memfit"], first["memfit_high"], measured)
         rows.append(row)
 
-    console.print(case_table(rows, "Predicted vs measured peak (CPU, BFC, highest of processes)"))
+    if args.measure_only:
+        console.print(f"measured {len(rows)} of {len(cases)} cases; estimate with --measured")
+    else:
+        title = "Predicted vs measured peak (CPU, BFC, highest of processes)"
+        console.print(case_table(rows, title))
     summaries = {}
     for group in ("tuned-on", "unseen"):
         for threads in threadings:
-            selected = [r for r in rows if r["group"] == group and r["threads"] == threads]
+            selected = [
+                r for r in rows if r["group"] == group and r["threads"] == threads and "memfit" in r
+            ]
             if selected:
                 summaries[f"{group} / {threads}"] = summarise(selected)
-    console.print(summary_table(summaries))
+    if summaries:
+        console.print(summary_table(summaries))
     failed = len(cases) - len(rows)
     if failed:
         console.print(f"[red]{failed} of {len(cases)} cases failed[/] (left out of the tables)")

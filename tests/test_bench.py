@@ -7,10 +7,12 @@ The baselines are pure strategies over `runs(size)`, so they are tested with a f
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -336,6 +338,23 @@ def test_estimate_accuracy_cases_cover_both_groups_and_threadings() -> None:
         ("sgd", "default", 3),
         ("sgd", "pinned", 3),
     ]
+
+
+def test_estimate_accuracy_reuses_measured_rows_by_case(tmp_path: Path) -> None:
+    from bench.estimate_accuracy import QUICK, case_key, cases_for, measured_rows
+
+    cases = cases_for(QUICK, ["adam"], ["default", "pinned"])
+    rows = [{**c, "measured_each": [7, 9], "peaks": [7, 9], "resident": 1} for c in cases[:2]]
+    earlier = tmp_path / "m.json"
+    earlier.write_text(json.dumps({"rows": rows}))
+    found = measured_rows(str(earlier))
+    assert set(found) == {case_key(c) for c in cases[:2]}
+    assert case_key(cases[2]) not in found
+    # A file that is not the benchmark's output: one line saying so, no traceback.
+    (tmp_path / "bad.json").write_text("[1, 2]")
+    for path in (tmp_path / "bad.json", tmp_path / "missing.json"):
+        with pytest.raises(SystemExit, match="not a bench.estimate_accuracy --out file"):
+            measured_rows(str(path))
 
 
 def test_reliability_arguments_rows_table_and_json(monkeypatch: pytest.MonkeyPatch) -> None:
