@@ -20,7 +20,7 @@ from memfit.budget import as_budget, emulated_budget
 from memfit.errors import MemfitError
 from memfit.watch.console import WatchConsole
 from memfit.watch.findings import WatchFinding
-from memfit.watch.fit_checks import FitChecks
+from memfit.watch.fit_checks import FitChecks, Thresholds
 from memfit.watch.header import estimate_peak_bytes, run_header
 from memfit.watch.input_timing import first_input_shape, oom_of, timed_train_function
 from memfit.watch.log import LogWriter, number, summarize
@@ -118,13 +118,13 @@ class Watch(keras.callbacks.Callback):
         estimate: Any = None,
         verbose: bool = True,
         measure_input: bool = True,
-        warmup_steps: int = 5,
-        headroom: float = 0.1,
-        input_bound_fraction: float = 0.25,
-        growth_bytes: int = 1024 * 1024,
-        growth_fraction: float = 0.05,
-        spike_factor: float = 3.0,
-        plateau_steps: int = 200,
+        warmup_steps: int = Thresholds.warmup_steps,
+        headroom: float = Thresholds.headroom,
+        input_bound_fraction: float = Thresholds.input_bound_fraction,
+        growth_bytes: int = Thresholds.growth_bytes,
+        growth_fraction: float = Thresholds.growth_fraction,
+        spike_factor: float = Thresholds.spike_factor,
+        plateau_steps: int = Thresholds.plateau_steps,
     ) -> None:
         super().__init__()
         if config is not None and not isinstance(config, dict):
@@ -143,13 +143,16 @@ class Watch(keras.callbacks.Callback):
         self.estimate_bytes = estimate_peak_bytes(estimate)
         self.verbose = verbose
         self.measure_input = measure_input
-        self.warmup_steps = max(0, int(warmup_steps))
-        self.headroom = float(headroom)
-        self.input_bound_fraction = float(input_bound_fraction)
-        self.growth_bytes = int(growth_bytes)
-        self.growth_fraction = float(growth_fraction)
-        self.spike_factor = float(spike_factor)
-        self.plateau_steps = int(plateau_steps)
+        self.thresholds = Thresholds(
+            warmup_steps=max(0, int(warmup_steps)),
+            headroom=float(headroom),
+            input_bound_fraction=float(input_bound_fraction),
+            growth_bytes=int(growth_bytes),
+            growth_fraction=float(growth_fraction),
+            spike_factor=float(spike_factor),
+            plateau_steps=int(plateau_steps),
+        )
+        self.warmup_steps = self.thresholds.warmup_steps
         # Keras may call on_train_batch_end from a thread pool (values already fetched there).
         self.async_safe = True
 
@@ -167,16 +170,7 @@ class Watch(keras.callbacks.Callback):
     def _new_run(self) -> None:
         """Per-fit state: series, detectors, counters."""
         self.steps: list[dict[str, Any]] = []
-        self._checks = FitChecks(
-            self._report,
-            warmup_steps=self.warmup_steps,
-            headroom=self.headroom,
-            input_bound_fraction=self.input_bound_fraction,
-            growth_bytes=self.growth_bytes,
-            growth_fraction=self.growth_fraction,
-            spike_factor=self.spike_factor,
-            plateau_steps=self.plateau_steps,
-        )
+        self._checks = FitChecks(self._report, self.thresholds)
         # Keras logs the epoch's running mean of the loss; per-step losses are derived from it
         # in step order (on_train_batch_end may run in a thread pool, out of order).
         self._losses = StepLosses()

@@ -18,6 +18,7 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import memfit.watch.detectors as detectors
@@ -25,6 +26,33 @@ from memfit.watch.findings import WatchFinding
 
 # Process-wide: the memory left in use when each fit began (repeated fits / model builds).
 _FIT_STARTS: list[int] = []
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """When the detectors of a watched fit fire: `memfit.Watch`'s keyword arguments, once.
+
+    Args:
+        warmup_steps: steps ignored by the memory and input detectors at the start.
+        headroom: `near_budget` when the peak leaves less than this share of the budget.
+        input_bound_fraction: `input_bound` when waiting takes at least this share of a step.
+        growth_bytes: `memory_growth` needs at least this rise of the memory left in use...
+        growth_fraction: ... and at least this share of what was in use after warm-up.
+        spike_factor: `divergence` (spike) needs a loss this many times the recent median.
+        plateau_steps: `divergence` (plateau) after this many steps without progress.
+
+    Example:
+        >>> Thresholds(headroom=0.2).warmup_steps
+        5
+    """
+
+    warmup_steps: int = 5
+    headroom: float = 0.1
+    input_bound_fraction: float = 0.25
+    growth_bytes: int = 1024 * 1024
+    growth_fraction: float = 0.05
+    spike_factor: float = 3.0
+    plateau_steps: int = 200
 
 
 class FitChecks:
@@ -35,13 +63,7 @@ class FitChecks:
 
     Args:
         report: called with each finding (or None when a detector found nothing).
-        warmup_steps: steps ignored by the memory and input detectors at the start.
-        headroom: `near_budget` when the peak leaves less than this share of the budget.
-        input_bound_fraction: `input_bound` when waiting takes at least this share of a step.
-        growth_bytes: `memory_growth` needs at least this rise of the memory left in use...
-        growth_fraction: ... and at least this share of what was in use after warm-up.
-        spike_factor: `divergence` (spike) needs a loss this many times the recent median.
-        plateau_steps: `divergence` (plateau) after this many steps without progress.
+        thresholds: when the detectors fire (default: `Thresholds()`).
 
     Attributes:
         fired: the kinds of finding reported so far in this fit.
@@ -50,25 +72,19 @@ class FitChecks:
     def __init__(
         self,
         report: Callable[[WatchFinding | None], None],
-        *,
-        warmup_steps: int = 5,
-        headroom: float = 0.1,
-        input_bound_fraction: float = 0.25,
-        growth_bytes: int = 1024 * 1024,
-        growth_fraction: float = 0.05,
-        spike_factor: float = 3.0,
-        plateau_steps: int = 200,
+        thresholds: Thresholds | None = None,
     ) -> None:
         self.report = report
-        self.warmup_steps = warmup_steps
-        self.headroom = headroom
-        self.input_bound_fraction = input_bound_fraction
-        self.growth_bytes = growth_bytes
-        self.growth_fraction = growth_fraction
+        self.thresholds = thresholds = thresholds or Thresholds()
+        self.warmup_steps = thresholds.warmup_steps
+        self.headroom = thresholds.headroom
+        self.input_bound_fraction = thresholds.input_bound_fraction
+        self.growth_bytes = thresholds.growth_bytes
+        self.growth_fraction = thresholds.growth_fraction
         self.fired: set[str] = set()
         self.floors = detectors.Floors()
         self.loss_monitor = detectors.LossMonitor(
-            spike_factor=spike_factor, plateau_steps=plateau_steps
+            spike_factor=thresholds.spike_factor, plateau_steps=thresholds.plateau_steps
         )
         self.traces_at_warmup: int | None = None
 
