@@ -376,6 +376,67 @@ def test_pyramid_is_cut_where_several_tensors_cross() -> None:
     assert sqrt.kept_bytes <= sum(s.boundary_bytes for s in sqrt.segments)
 
 
+def _shared_head_model(calls: list[str]) -> Any:
+    """A toy detector: a backbone, two levels, one composite head layer applied to each."""
+    import keras
+
+    class Head(keras.layers.Layer):
+        """Two convolutions, shared by every level (as keras-hub's RetinaNet heads are)."""
+
+        def __init__(self, **kwargs: Any) -> None:
+            super().__init__(**kwargs)
+            self.conv = keras.layers.Conv2D(8, 3, padding="same", activation="relu")
+            self.out = keras.layers.Conv2D(2, 1)
+
+        def build(self, shape: Any) -> None:
+            self.conv.build(shape)
+            self.out.build((*shape[:-1], 8))
+
+        def call(self, inputs: Any) -> Any:
+            calls.append(f"head{inputs.shape[1]}")
+            return self.out(self.conv(inputs))
+
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((16, 16, 3))
+    h = keras.layers.Conv2D(4, 3, padding="same", name="stem")(inputs)
+    h = keras.layers.BatchNormalization(name="stem_bn")(h)
+    p3 = keras.layers.Conv2D(4, 3, strides=2, padding="same", name="p3")(h)
+    p4 = keras.layers.Conv2D(4, 3, strides=2, padding="same", name="p4")(p3)
+    head = Head(name="head")
+    outputs = [keras.layers.Reshape((-1, 2))(head(level)) for level in (p3, p4)]
+    merged = keras.layers.Concatenate(axis=1)(outputs)
+    return keras.Model(inputs, keras.layers.Flatten()(merged))
+
+
+def test_composite_layer_calls_in_a_kept_segment_are_recomputed_alone() -> None:
+    """A shared head's calls (once per level) are recomputed one by one: same gradients."""
+    import tensorflow as tf
+
+    calls: list[str] = []
+    model = _shared_head_model(calls)
+    plan = memfit.recompute(model, ["stem_bn"])
+    last = plan.report.segments[-1]
+    assert not last.recomputed and last.recomputed_calls == 2
+    assert "2 calls of composite layers" in str(plan.report)
+    x = tf.random.stateless_normal((2, 16, 16, 3), seed=(1, 2))
+    calls.clear()
+    with plan, tf.GradientTape() as tape:
+        loss = tf.reduce_sum(model(x, training=True) ** 2)
+    forward = list(calls)
+    assert sorted(forward) == ["head4", "head8"]
+    tape.gradient(loss, model.trainable_variables)
+    # Each level's call ran again for its gradient, the later call's first.
+    assert calls == forward + forward[::-1]
+    y = tf.random.stateless_normal((2, 160), seed=(3, 4))
+    for compiled in (False, True):
+        plain, plain_after = _train_step(model, x, y, None, compiled)
+        grads, after = _train_step(model, x, y, plan, compiled)
+        for g0, g1 in zip(plain, grads, strict=True):
+            np.testing.assert_allclose(g1, g0, rtol=1e-5, atol=1e-6)
+        for v0, v1 in zip(plain_after, after, strict=True):
+            np.testing.assert_allclose(v1, v0, rtol=1e-6, atol=1e-7)
+
+
 def test_last_segment_is_not_recomputed_and_sqrt_keeps_cheap_tails() -> None:
     """Recomputing the last segment saves nothing: its layer runs twice, not three times."""
     import keras

@@ -42,8 +42,11 @@ class SegmentInfo:
             backward): one articulation tensor, or a few where a backbone hands several
             stage outputs to a feature pyramid.
         boundary_tensors: how many tensors cross the cut.
-        recomputed: whether the segment is recomputed in backward (the last never is: its
-            activations are needed at once).
+        recomputed: whether the segment is recomputed in backward (the last never is as a
+            whole: its activations are needed at once).
+        recomputed_calls: in a segment kept whole, how many calls of composite layers (layers
+            holding layers with weights: a feature pyramid, a detector's shared heads, once
+            per pyramid level) are recomputed each on its own, one after another in backward.
     """
 
     first_layer: str
@@ -54,6 +57,7 @@ class SegmentInfo:
     boundary_bytes: int
     boundary_tensors: int = 1
     recomputed: bool = True
+    recomputed_calls: int = 0
 
 
 @dataclass
@@ -87,9 +91,11 @@ class RecomputeReport:
     def __str__(self) -> str:
         recomputed = [s for s in self.segments if s.recomputed]
         largest = max((s.activation_bytes for s in recomputed), default=0)
+        calls = sum(s.recomputed_calls for s in self.segments)
+        inner = f" and {calls} calls of composite layers in kept segments" if calls else ""
         return (
             f"recompute ({self.policy}): {len(self.segments)} segments at {self.candidates} "
-            f"possible cuts, {len(recomputed)} recomputed; keeps "
+            f"possible cuts, {len(recomputed)} recomputed{inner}; keeps "
             f"{format_size(self.kept_bytes)} of boundaries per sample, recomputes at most "
             f"{format_size(largest)} per sample at a time "
             f"(all layers produce {format_size(self.activation_bytes)} per sample)"
@@ -185,7 +191,10 @@ def recompute(model: Any, segments: Segments = "sqrt", *, batch_size: int = 1) -
             fit in it. A list of layer names: cut after each of them. `"all"`: cut at every
             articulation point. A cut is possible where at most 4 tensors cross (one
             between ResNet blocks; a backbone's stage outputs on their way to a feature
-            pyramid). The last segment is never recomputed (backward needs it at once).
+            pyramid). The last segment is not recomputed as a whole (backward needs it at
+            once); inside it, and inside any segment kept whole, each call of a composite
+            layer (one holding layers with weights: a feature pyramid, a detector's head
+            applied per pyramid level) is recomputed on its own, one call after another.
         batch_size: the batch a size budget is meant for (default 1: per sample).
 
     Returns:
@@ -273,6 +282,7 @@ def _report(
             boundary_bytes=graph.boundary_bytes(boundary) if boundary is not None else 0,
             boundary_tensors=len(boundary) if boundary is not None else 0,
             recomputed=segment.recompute,
+            recomputed_calls=sum(1 for part in segment.inner if part.recompute),
         )
         report.segments.append(info)
         report.activation_bytes += info.activation_bytes

@@ -15,6 +15,11 @@ How a segment runs during training:
   swallows the updates, which are now dropped: the moving statistics move once per step.
   Seed generators read the state they had before the forward (it is mapped in the scope), so
   every Dropout draws the mask it drew in the forward.
+- a segment kept whole (not recomputed): each call of a composite layer in it (a layer that
+  holds layers with weights, whose activations the layer graph cannot see: a feature pyramid,
+  a detector's head applied once per pyramid level) runs as a recomputed part of its own, and
+  the parts' backward is chained (`_backward_before`) so they are recomputed one at a time,
+  the last call's first, not all at once when the loss's gradient reaches them together.
 """
 
 from __future__ import annotations
@@ -56,6 +61,13 @@ class Segment:
         outputs: ids of the tensors later segments (or the model's outputs) read.
         recompute: whether to recompute the segment in backward (False: keep everything).
         held: ids of model inputs the segment also reads (captured, not differentiated).
+        inner: for a segment kept whole, the parts it runs in training: each call of a
+            composite layer (`composite`) in a part of its own, recomputed, and the steps
+            between in parts kept whole (empty: run the steps as they are).
+
+    `after`, set by `segments_from_cuts` on the parts of a kept segment: the id of an earlier
+    recomputed part's output whose gradient must wait for this part's backward, so that the
+    parts are recomputed one after another, not all at once.
     """
 
     def __init__(
@@ -65,8 +77,11 @@ class Segment:
         outputs: list[int],
         recompute: bool = True,
         held: list[int] | None = None,
+        inner: list[Segment] | None = None,
     ) -> None:
         self.steps = steps
+        self.inner = list(inner or [])
+        self.after: int | None = None
         self.held = list(held or [])
         self.inputs = inputs
         self.outputs = outputs
@@ -91,6 +106,10 @@ class Segment:
     def __call__(self, values: dict[int, Any], training: Any) -> None:
         """Run the segment on `values`, adding its outputs (recomputed in backward)."""
         if not self.recompute or training is not True:
+            if self.inner and training is True:
+                for part in self.inner:
+                    part(values, training)
+                return
             run_steps(self.steps, values, training)
             return
         tf = tfb.import_tf()
@@ -101,6 +120,8 @@ class Segment:
         if not all(_is_float(v) for v in inputs):  # recompute_grad differentiates its inputs
             run_steps(self.steps, values, training)
             return
+        if self.after is not None and inputs and _is_float(values.get(self.after)):
+            inputs[0] = _backward_before(inputs[0], values[self.after])
         # Seed states before the forward: both passes draw from them (same dropout masks).
         seeds = [tf.identity(state.value) for state in self.seed_states]
         mapping = list(zip(self.seed_states, seeds, strict=True))
@@ -135,6 +156,27 @@ class Segment:
             values[tensor_id] = value
 
 
+def _backward_before(tensor: Any, earlier: Any) -> Any:
+    """`tensor`, unchanged; in backward, `earlier`'s gradient waits for `tensor`'s.
+
+    The gradient to `earlier` is a zero made after the gradient of `tensor` arrives: the
+    segment that computed `earlier` (whose recompute waits on its output's gradient) is
+    recomputed only after the backward of the part that reads `tensor` has finished.
+    Forward values and gradients are unchanged.
+    """
+    tf = tfb.import_tf()
+
+    @tf.custom_gradient
+    def tie(x: Any, e: Any) -> Any:
+        def grad(dy: Any) -> Any:
+            with tf.control_dependencies([dy]):
+                return tf.identity(dy), tf.zeros_like(e)
+
+        return tf.identity(x), grad
+
+    return tie(tensor, earlier)
+
+
 def _is_float(value: Any) -> bool:
     dtype = getattr(value, "dtype", None)
     return bool(dtype is not None and getattr(dtype, "is_floating", False))
@@ -145,6 +187,81 @@ def _sublayers(operation: Any) -> list[Any]:
     if flatten is None:
         return [operation]
     return list(flatten(include_self=True))
+
+
+def composite(operation: Any) -> bool:
+    """Whether a layer holds other layers with weights (a feature pyramid, a detector's head).
+
+    Such a layer's own activations are invisible in the layer graph (only its outputs are
+    graph tensors) and can be large: keras-hub's RetinaNet heads run four 256-channel
+    convolutions on every pyramid level, more bytes than the whole backbone's activations.
+    """
+    flatten = getattr(operation, "_flatten_layers", None)
+    if flatten is None:
+        return False
+    return any(getattr(layer, "weights", None) for layer in flatten(include_self=False))
+
+
+def _segment(
+    graph: LayerGraph,
+    start: int,
+    end: int,
+    flag: bool,
+    last_use: dict[int, float],
+    input_like: set[int],
+    inner: list[Segment] | None = None,
+) -> Segment:
+    """The segment of steps `start..end`: what it reads, what it hands on, what it holds."""
+    steps = graph.steps[start : end + 1]
+    produced: set[int] = set()
+    reads: list[int] = []
+    outputs: list[int] = []
+    for step in steps:
+        for tensor in step.inputs:
+            if tensor not in produced and tensor not in reads:
+                reads.append(tensor)
+        for tensor in step.outputs:
+            produced.add(tensor)
+            if last_use.get(tensor, -1) > end and tensor not in outputs:
+                outputs.append(tensor)
+    held = [t for t in reads if t in input_like]
+    inputs = [t for t in reads if t not in input_like]
+    if not inputs:  # the first segment: differentiated through the model's inputs
+        inputs, held = held, []
+    return Segment(steps, inputs, outputs, recompute=flag, held=held, inner=inner)
+
+
+def _parts(
+    graph: LayerGraph, start: int, end: int, last_use: dict[int, float], input_like: set[int]
+) -> list[Segment]:
+    """A kept segment's parts: each composite layer's call recomputed alone, the rest kept.
+
+    Empty where the segment calls no composite layer (it then runs as one piece).
+    """
+    calls = [
+        i
+        for i in range(start, end + 1)
+        if graph.steps[i].node is not None and composite(graph.steps[i].operation)
+    ]
+    if not calls:
+        return []
+    parts = []
+    begin = start
+    for index in calls:
+        if index > begin:
+            parts.append(_segment(graph, begin, index - 1, False, last_use, input_like))
+        parts.append(_segment(graph, index, index, True, last_use, input_like))
+        begin = index + 1
+    if begin <= end:
+        parts.append(_segment(graph, begin, end, False, last_use, input_like))
+    previous = None
+    for part in parts:
+        if not part.recompute:
+            continue
+        if previous is not None and previous.outputs:
+            part.after = previous.outputs[0]
+        previous = part
+    return parts
 
 
 def segments_from_cuts(
@@ -166,23 +283,8 @@ def segments_from_cuts(
     segments = []
     start = 0
     for end, flag in zip(ends, flags, strict=True):
-        steps = graph.steps[start : end + 1]
-        produced: set[int] = set()
-        reads: list[int] = []
-        outputs: list[int] = []
-        for step in steps:
-            for tensor in step.inputs:
-                if tensor not in produced and tensor not in reads:
-                    reads.append(tensor)
-            for tensor in step.outputs:
-                produced.add(tensor)
-                if last_use.get(tensor, -1) > end and tensor not in outputs:
-                    outputs.append(tensor)
-        held = [t for t in reads if t in input_like]
-        inputs = [t for t in reads if t not in input_like]
-        if not inputs:  # the first segment: differentiated through the model's inputs
-            inputs, held = held, []
-        segments.append(Segment(steps, inputs, outputs, recompute=flag, held=held))
+        inner = [] if flag else _parts(graph, start, end, last_use, input_like)
+        segments.append(_segment(graph, start, end, flag, last_use, input_like, inner))
         start = end + 1
     return segments
 
