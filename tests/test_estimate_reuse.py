@@ -68,6 +68,25 @@ results["what_ifs"] = {
     "estimate_seconds": est.estimate_seconds,
     "json_seconds": est.to_dict()["estimate_seconds"],
 }
+
+# The high bound's samples replayed partly or wholly in a forked child: the same bound.
+import gc
+from memfit.estimation.background import start_peak_range
+from memfit.estimation.bounds import peak_range
+
+graph = tf_trace.trace_step(Workload(factories.small_cnn()), 8)
+likely = replay(graph).peak_bytes
+serial = peak_range(graph, likely, samples=5)
+ranges = {}
+for here in (0, 1, 2, 5):
+    got = start_peak_range(graph, samples=5, here=here).result(likely)
+    same_high = got.high_bytes == serial.high_bytes
+    ranges[str(here)] = [same_high, got.sample_bytes == serial.sample_bytes]
+results["background"] = {
+    "ranges": ranges,
+    "samples": len(serial.sample_bytes),
+    "frozen_after": gc.get_freeze_count(),
+}
 emit(results)
 """
 
@@ -98,6 +117,14 @@ def test_what_ifs_at_other_batch_sizes_equal_fresh_estimates(results):
     assert what_ifs["batch_rows"] == what_ifs["fresh"]
     largest = what_ifs["largest"]
     assert largest["batch_size"] and largest["peak_bytes"] <= 96 << 20
+
+
+def test_samples_replayed_in_a_child_give_the_same_bound(results):
+    background = results["background"]
+    assert background["samples"] == 5
+    assert background["ranges"] == {here: [True, True] for here in ("0", "1", "2", "5")}
+    # The estimates gave the garbage collector back what they froze.
+    assert background["frozen_after"] == 0
 
 
 def test_the_time_is_reported(results):

@@ -10,17 +10,21 @@ optimizer state and the batch included.
 Trace once, replay many: the what-ifs at other batch sizes (and the search for the largest
 batch that fits) reuse the step traced at the batch asked for and at twice that batch
 (`memfit.backend.tf_graph.at_batch_size`), and grappler runs on a thread while the next
-what-if's step is traced (`memfit.backend.tf_trace.start_trace`).
+what-if's step is traced (`memfit.backend.tf_trace.start_trace`). The high bound's samples
+replay in a forked child on the other core (`memfit.estimation.background`), and the garbage
+collector leaves alone what exists before the estimate and what each trace keeps
+(`gc.freeze`): see docs/estimate.md, "How it is fast".
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import gc
 import re
 import time
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,7 +33,8 @@ from memfit.backend.tf_kernels import assume_threads
 from memfit.budget import Budget, as_budget, emulated_budget, emulated_memory_growth
 from memfit.checks import check_batch_size, check_threads
 from memfit.errors import WorkloadError
-from memfit.estimation.bounds import SAMPLES, peak_range
+from memfit.estimation.background import PendingRange, start_peak_range
+from memfit.estimation.bounds import SAMPLES
 from memfit.estimation.simulate import Replay, replay
 from memfit.search.strategy import largest_fitting
 from memfit.serialize import json_dict, suffixed
@@ -147,9 +152,10 @@ def estimate_workload(
     """
     check_batch_size(batch_size)
     started = time.perf_counter()
-    graph = _start_trace(workload, int(batch_size), recompute).result()
-    traced = time.perf_counter() - started
-    return _replayed(graph, workload, traced, started, samples=samples, on_sample=on_sample)
+    with _young_collections():
+        graph = _start_trace(workload, int(batch_size), recompute).result()
+        traced = time.perf_counter() - started
+        return _replayed(graph, workload, traced, started, samples=samples, on_sample=on_sample)
 
 
 def _start_trace(workload: Workload, batch_size: int, recompute: Any = None) -> Any:
@@ -162,7 +168,35 @@ def _start_trace(workload: Workload, batch_size: int, recompute: Any = None) -> 
         optimizer.build(workload.model.trainable_variables)
     segmented = as_recompute(workload.model, recompute)
     with segmented if segmented is not None else contextlib.nullcontext():
-        return tf_trace.start_trace(workload, batch_size)
+        pending = tf_trace.start_trace(workload, batch_size)
+    if _freezing:
+        gc.freeze()  # the traced graph stays: later collections need not walk it again
+    return pending
+
+
+_freezing: list[bool] = []  # non-empty while an estimate keeps the collector off old objects
+
+
+@contextlib.contextmanager
+def _young_collections() -> Iterator[None]:
+    """Let the garbage collector skip the objects that exist now and what each trace keeps.
+
+    A traced step is millions of Python objects (TensorFlow's graph, Keras' model) that live
+    as long as the estimate; every full collection walked them all again (ResNet50 224 px
+    b32: ~2.4 of ~20 CPU-s went to ten full collections). `gc.freeze` moves them out of the
+    collector's reach until `gc.unfreeze` at the end gives them back. Left as is when the
+    caller froze objects itself.
+    """
+    if gc.get_freeze_count() or _freezing:
+        yield
+        return
+    gc.freeze()
+    _freezing.append(True)
+    try:
+        yield
+    finally:
+        _freezing.clear()
+        gc.unfreeze()
 
 
 def _replayed(
@@ -174,18 +208,53 @@ def _replayed(
     samples: int = 0,
     on_sample: Callable[[int, int], None] | None = None,
 ) -> Estimate:
-    """Replay a traced step (a `StepGraph`) and describe its peak as an `Estimate`."""
+    """Replay a traced step (a `StepGraph`) and describe its peak as an `Estimate`.
+
+    With `samples`, the high bound's samples replay half in a forked child, beside the
+    likely replay and the other half here (`memfit.estimation.background`).
+    """
+    pending = _start_range(graph, samples, here=samples // 2) if samples > 0 else None
+    try:
+        result = replay(graph, region_bytes=_region_bytes())
+    except BaseException:
+        if pending is not None:
+            pending.cancel()
+        raise
+    estimate = _described(result, graph, workload, traced, started)
+    if pending is not None:
+        _bound(estimate, pending, on_sample)
+    estimate.estimate_seconds = time.perf_counter() - started
+    return estimate
+
+
+def _region_bytes() -> int | None:
+    """The replay's one region: the emulated card's (None: regions that grow)."""
     emulated = emulated_budget()
-    region = None if emulated is None or emulated_memory_growth() else emulated.usable_bytes
-    result = replay(graph, region_bytes=region)
+    return None if emulated is None or emulated_memory_growth() else emulated.usable_bytes
+
+
+def _start_range(graph: Any, samples: int, here: int) -> PendingRange:
+    """Start the high bound's samples: all but the first `here` in a child on the other core."""
+    return start_peak_range(graph, region_bytes=_region_bytes(), samples=samples, here=here)
+
+
+def _bound(
+    estimate: Estimate,
+    pending: PendingRange,
+    on_sample: Callable[[int, int], None] | None = None,
+) -> None:
+    """Give `estimate` its high bound once its samples are replayed (waits for the child)."""
+    bound = pending.result(estimate.peak_bytes, on_sample)
+    estimate.high_bytes = bound.high_bytes
+    estimate.sample_peaks_bytes = bound.sample_bytes
+
+
+def _described(
+    result: Replay, graph: Any, workload: Workload, traced: float, started: float
+) -> Estimate:
+    """The likely replay of a step as an `Estimate` (no high bound yet)."""
     breakdown, per_layer = _summarise(result)
-    likely = sum(breakdown.values())
-    bound = None
-    if samples > 0:
-        bound = peak_range(graph, likely, region_bytes=region, samples=samples, on_sample=on_sample)
     return Estimate(
-        high_bytes=bound.high_bytes if bound is not None else None,
-        sample_peaks_bytes=bound.sample_bytes if bound is not None else [],
         batch_size=int(graph.batch_size),
         peak_bytes=sum(breakdown.values()),
         breakdown=breakdown,
@@ -317,19 +386,46 @@ def estimate(
         progress(f"the high bound: process {done} of {total} replayed")
 
     assumed = assume_threads(*check_threads(threads)) if threads else contextlib.nullcontext()
-    with assumed:
+    with assumed, _young_collections():
         started = time.perf_counter()
         progress(f"tracing the step at batch {batch_size}")
         workload = build()
         tracing = time.perf_counter()  # the trace's time leaves the model's build out
         graph = _start_trace(workload, int(batch_size)).result()
         traced = time.perf_counter() - tracing
-        result = _replayed(graph, workload, traced, started, samples=samples, on_sample=sampled)
+        if not what_ifs:
+            result = _replayed(graph, workload, traced, started, samples=samples, on_sample=sampled)
+        else:
+            # The samples replay in a child while this process goes on with the what-ifs;
+            # the what-ifs' high bounds wait for them (`bounded`).
+            pending = _start_range(graph, samples, here=0) if samples > 0 else None
+            try:
+                likely = replay(graph, region_bytes=_region_bytes())
+                result = _described(likely, graph, workload, traced, started)
+                result.budget = resolved
+
+                def bounded() -> Estimate:
+                    if pending is not None and result.high_bytes is None:
+                        _bound(result, pending, sampled)
+                    return result
+
+                result.what_ifs = _what_ifs(
+                    workload,
+                    result,
+                    graph,
+                    build,
+                    rebuild,
+                    optimizer,
+                    input_shape,
+                    progress,
+                    bounded,
+                )
+                bounded()
+            except BaseException:
+                if pending is not None:
+                    pending.cancel()
+                raise
         result.budget = resolved
-        if what_ifs:
-            result.what_ifs = _what_ifs(
-                workload, result, graph, build, rebuild, optimizer, input_shape, progress
-            )
     result.estimate_seconds = time.perf_counter() - started
     return result
 
@@ -363,10 +459,20 @@ def _what_ifs(
     optimizer: Any,
     input_shape: InputShape | None,
     progress: Callable[[str], None],
+    bounded: Callable[[], Estimate] | None = None,
 ) -> list[dict[str, Any]]:
+    """The what-if rows of `base`, in the order they are shown.
+
+    `bounded()` gives `base` with its high bound (it may wait for the samples, which replay
+    in a child meanwhile); it is asked for only where a row needs the high-to-likely ratio.
+    """
     rows: list[dict[str, Any]] = []
-    # Each what-if's high bound: its likely peak times the base step's high-to-likely ratio.
-    ratio = base.high_bytes / base.peak_bytes if base.high_bytes and base.peak_bytes else 1.0
+    highs: list[tuple[dict[str, Any], int]] = []  # rows whose high bound waits for the ratio
+
+    def ratio() -> float:
+        """Each what-if's high bound: its likely peak times the base step's high-to-likely."""
+        step = bounded() if bounded is not None else base
+        return step.high_bytes / step.peak_bytes if step.high_bytes and step.peak_bytes else 1.0
 
     def row(change: str, est: Estimate | None, error: str | None = None) -> None:
         entry: dict[str, Any] = {"change": change}
@@ -374,11 +480,12 @@ def _what_ifs(
             entry.update(
                 batch_size=est.batch_size,
                 peak_bytes=est.peak_bytes,
-                high_bytes=int(est.peak_bytes * ratio),
+                high_bytes=None,  # filled in at the end, from the ratio
                 saved_bytes=base.peak_bytes - est.peak_bytes,
                 activations_bytes=est.breakdown["activations"],
                 optimizer_slots_bytes=est.breakdown["optimizer_slots"],
             )
+            highs.append((entry, est.peak_bytes))
         if error:
             entry["error"] = error
         rows.append(entry)
@@ -430,10 +537,11 @@ def _what_ifs(
     if base.budget is not None:
         progress("what if: the largest batch for the budget")
         # The largest batch whose high bound fits: the answer a card can be rented on.
+        scale = ratio()
         largest = largest_fitting(
             lambda size: steps.estimate(size).peak_bytes,
             by_size,
-            int(base.budget.usable_bytes / ratio),
+            int(base.budget.usable_bytes / scale),
             max_probes=6,
         )
         rows.append(
@@ -441,7 +549,7 @@ def _what_ifs(
                 "change": f"largest batch for {base.budget.name}",
                 "batch_size": largest[0],
                 "peak_bytes": largest[1],
-                "high_bytes": int(largest[1] * ratio) if largest[1] is not None else None,
+                "high_bytes": int(largest[1] * scale) if largest[1] is not None else None,
             }
         )
     for change in ["recompute sqrt"] + [change for change, _ in variants]:
@@ -451,6 +559,9 @@ def _what_ifs(
             row(change, None, _not_applicable(exc))
         else:
             row(change, est)
+    scale = ratio()
+    for entry, peak in highs:
+        entry["high_bytes"] = int(peak * scale)
     return rows
 
 
