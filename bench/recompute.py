@@ -15,6 +15,7 @@ measurement, under the same emulated budget).
     python -m bench.recompute --quick                 # 2 small models (a few minutes)
     python -m bench.recompute --out results.json      # the issue's table (long on a CPU)
     python -m bench.recompute --only ResNet50 --variants plain,sqrt
+    python -m bench.recompute --only MobileNetV2 --size 160 --batch 32 --variants plain,sqrt
 """
 
 from __future__ import annotations
@@ -118,10 +119,16 @@ def main() -> None:
     parser.add_argument(
         "--no-estimate", action="store_true", help="skip the estimate of plain and sqrt"
     )
+    parser.add_argument("--size", type=int, help="input side instead of the table's")
+    parser.add_argument("--batch", type=int, help="batch size instead of the table's")
     args = parser.parse_args()
     cases = QUICK_CASES if args.quick else CASES
     if args.only:
         cases = [c for c in cases if c[0] in args.only.split(",")]
+    cases = [
+        (name, args.size or side, args.batch or batch, budget)
+        for name, side, batch, budget in cases
+    ]
     variants = VARIANTS
     if args.variants:
         variants = [
