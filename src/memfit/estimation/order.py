@@ -11,6 +11,8 @@ by side).
 
 from __future__ import annotations
 
+import heapq
+import math
 import random
 from collections import deque
 from typing import Any
@@ -27,7 +29,12 @@ INEXPENSIVE_OPS = frozenset(
 
 
 def execution_order(graph: Any, seed: float | None = None) -> list[int]:
-    """Op indices of `graph` in the order the single-thread executor runs them.
+    """Op indices of `graph` in the order TensorFlow's executor starts them.
+
+    With one inter-op thread, `single_thread_order`; with several, `threaded_order`: each
+    thread runs depth first and an idle thread takes the oldest op another one handed to the
+    pool, so two branches made ready together (a detector's box and class heads) run side by
+    side, each depth first.
 
     Args:
         graph: the traced step (`memfit.backend.tf_graph.StepGraph`).
@@ -45,7 +52,10 @@ def execution_order(graph: Any, seed: float | None = None) -> list[int]:
     if seed is not None:
         rng = random.Random(seed)
         edges = [rng.sample(s, len(s)) for s in edges]
-    return single_thread_order(preds, edges, cheap)
+    threads = max(1, int(getattr(graph, "inter_op_threads", 1) or 1))
+    if threads == 1:
+        return single_thread_order(preds, edges, cheap)
+    return threaded_order(preds, edges, cheap, op_seconds(graph), threads)
 
 
 def single_thread_order(
@@ -121,20 +131,214 @@ def single_thread_order(
         inline.append(stack.pop())
 
 
+def threaded_order(
+    preds: list[set[int]],
+    succs: list[list[int]],
+    cheap: list[bool],
+    seconds: list[float],
+    threads: int,
+) -> list[int]:
+    """The order TensorFlow's executor starts a graph's ops in with several inter-op threads.
+
+    Each thread follows `ExecutorState::ScheduleReady` as in `single_thread_order`: it runs
+    its inline queue, keeps the last newly ready expensive op inline and hands the others to
+    the inter-op pool. The pool (Eigen's `NonBlockingThreadPool`) puts a task a worker
+    schedules at the front of that worker's own queue; a worker takes its own newest task
+    first, and a worker with nothing to do steals the oldest task of another's queue. So the
+    threads run depth first side by side: when a loss gradient makes a detector's box head
+    and class head ready, one thread continues into one head and the other steals the
+    other, and each takes the pyramid levels' chains and their weight gradients in its own
+    depth-first order. Which op a thread finds when it steals depends on how long the ops
+    take: `seconds` (`op_seconds`), a rough cost; the order of ops that start together
+    follows the threads' numbers.
+
+    Args:
+        preds: each op's predecessors (data and control).
+        succs: each op's successors, in the order the executor sees them.
+        cheap: whether each op's kernel is inexpensive (run inline, never via the pool).
+        seconds: each op's rough run time.
+        threads: inter-op threads.
+
+    Returns:
+        Op indices in the order they start; one thread gives `single_thread_order`.
+
+    Example:
+        >>> threaded_order([set(), {0}, {0}, {1}], [[1, 2], [3], [], []],
+        ...                [True, False, False, False], [0.0, 1.0, 1.0, 1.0], 2)
+        [0, 2, 1, 3]
+    """
+    indegree = [len(p) for p in preds]
+    inline: list[deque[int]] = [deque() for _ in range(threads)]
+    queue: list[deque[int]] = [deque() for _ in range(threads)]  # left: newest
+    busy = [False] * threads
+    events: list[tuple[float, int, int, int]] = []
+    order: list[int] = []
+    now = 0.0
+
+    def schedule(worker: int, ready: list[int]) -> None:
+        current = None
+        for op in ready:
+            if cheap[op]:
+                inline[worker].append(op)
+                continue
+            if current is not None:
+                queue[worker].appendleft(current)
+            current = op
+        if current is not None:
+            if inline[worker]:
+                queue[worker].appendleft(current)
+            else:
+                inline[worker].append(current)
+
+    def take(worker: int) -> int | None:
+        if inline[worker]:
+            return inline[worker].popleft()
+        if queue[worker]:
+            return queue[worker].popleft()
+        for other in range(worker + 1, worker + threads):
+            victim = queue[other % threads]
+            if victim:
+                return victim.pop()
+        return None
+
+    def start_idle(first: int) -> None:
+        for k in range(threads):
+            worker = (first + k) % threads
+            if busy[worker]:
+                continue
+            op = take(worker)
+            if op is None:
+                continue
+            busy[worker] = True
+            order.append(op)
+            heapq.heappush(events, (now + seconds[op], len(order), worker, op))
+
+    # The step's first ops, as `single_thread_order` takes them: the first thread's.
+    schedule(0, [i for i, count in enumerate(indegree) if count == 0])
+    start_idle(0)
+    while events:
+        now, _, worker, op = heapq.heappop(events)
+        busy[worker] = False
+        ready = []
+        for succ in succs[op]:
+            indegree[succ] -= 1
+            if indegree[succ] == 0:
+                ready.append(succ)
+        if ready:
+            schedule(worker, ready)
+        start_idle(worker)
+    return order
+
+
+# Rough speeds of this model of a CPU step (`op_seconds`): what matters is which of two ops
+# that run side by side ends first, not the step's time.
+FLOPS_PER_SECOND = 2e10
+BYTES_PER_SECOND = 4e9
+OP_SECONDS = 2e-6
+_CONVOLUTIONS = frozenset({"Conv2D", "Conv2DBackpropInput", "Conv2DBackpropFilter"})
+_DEPTHWISE = frozenset(
+    {"DepthwiseConv2dNative", "DepthwiseConv2dNativeBackpropInput",
+     "DepthwiseConv2dNativeBackpropFilter"}
+)  # fmt: skip
+_MATMULS = frozenset({"MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3"})
+
+
+def op_seconds(graph: Any) -> list[float]:
+    """A rough run time for each op of `graph`: its arithmetic and the bytes it touches.
+
+    Convolutions and matrix products count their multiply-adds (from the kernel's shape and
+    the larger of the op's input and output tensors); other ops the bytes they read and
+    write. Inexpensive kernels (`INEXPENSIVE_OPS`) take no time.
+
+    Args:
+        graph: the traced step (`memfit.backend.tf_graph.StepGraph`).
+
+    Example:
+        >>> seconds = op_seconds(graph)  # doctest: +SKIP
+    """
+    ops = graph.ops
+    shape_of: dict[str, tuple[tuple[int, ...], int]] = {}
+    for op in ops:
+        for name, shape in zip(op.outputs, op.output_shapes, strict=False):
+            shape_of[name] = shape
+
+    def elements(name: str) -> int:
+        shape = shape_of.get(name)
+        return math.prod(shape[0]) if shape is not None else 0
+
+    seconds = []
+    for op in ops:
+        if op.type in INEXPENSIVE_OPS:
+            seconds.append(0.0)
+            continue
+        touched = sum(op.output_bytes) + sum(
+            elements(name) * shape_of[name][1] for name in op.inputs if name in shape_of
+        )
+        flops = 0
+        sizes = [elements(name) for name in op.inputs]
+        if op.type in _CONVOLUTIONS and len(op.inputs) == 3 and op.output_shapes:
+            kernel = shape_of.get(op.inputs[1], ((),))[0]
+            if op.type == "Conv2DBackpropFilter":
+                kernel = op.output_shapes[0][0]
+            if len(kernel) == 4:
+                image = max(sizes[2], math.prod(op.output_shapes[0][0]))
+                flops = 2 * image * kernel[0] * kernel[1] * kernel[2]
+        elif op.type in _CONVOLUTIONS and len(op.inputs) == 2:
+            kernel = shape_of.get(op.inputs[1], ((),))[0]
+            if len(kernel) == 4 and op.output_shapes:
+                flops = 2 * math.prod(op.output_shapes[0][0]) * math.prod(kernel[:3])
+        elif op.type in _DEPTHWISE:
+            flops = 2 * 9 * max(sizes + [0])
+        elif op.type in _MATMULS and len(sizes) >= 2 and op.output_shapes:
+            flops = 2 * int(math.sqrt(sizes[0] * sizes[1] * math.prod(op.output_shapes[0][0])))
+        seconds.append(OP_SECONDS + flops / FLOPS_PER_SECOND + touched / BYTES_PER_SECOND)
+    return seconds
+
+
 def _edge_order(succs: list[list[int]], ops: list[Any], graph: Any) -> list[list[int]]:
     """Each op's consumers in the order TensorFlow's executor meets them.
 
-    That is the order of their nodes in the graph grappler made (`StepGraph.node_rank`);
-    ops grappler removed or renamed come after, in traced order. Without that order,
-    consumers go in reverse traced order (what earlier traces matched for convolutions:
-    the input gradient continues inline, the weight gradient waits).
+    An op's out-edges are an `EdgeSet`: up to four are kept in a small array, in the order
+    grappler's graph lists their consumers (`StepGraph.node_rank`); ops grappler removed or
+    renamed come after, in traced order. More than four go to a hash set of the edges'
+    addresses, which iterates in the order the edges were made: the consumers' traced order
+    (RetinaNet's loss gradient feeds the five pyramid levels' `Slice`s; TensorFlow's
+    allocator profile shows the levels run in the reverse of their traced order, as
+    depth-first scheduling of successors met in traced order runs them). Without grappler's
+    order, consumers go in reverse traced order (what earlier traces matched for
+    convolutions: the input gradient continues inline, the weight gradient waits).
     """
     rank = getattr(graph, "node_rank", None) or {}
-    if not rank:
-        return [s[::-1] for s in succs]
     missing = len(rank)
     keys = [rank.get(op.name, missing + i) for i, op in enumerate(ops)]
-    return [sorted(s, key=keys.__getitem__) for s in succs]
+    edges = _out_edges(ops)
+    return [
+        sorted(s)
+        if edges[i] > EDGE_SET_INLINE
+        else sorted(s, key=keys.__getitem__)
+        if rank
+        else sorted(s, reverse=True)
+        for i, s in enumerate(succs)
+    ]
+
+
+# `EdgeSet::kInline` (graph/edgeset.h): out-edges kept in an array, in insertion order.
+EDGE_SET_INLINE = 4
+
+
+def _out_edges(ops: list[Any]) -> list[int]:
+    """Each op's out-edges as TensorFlow's graph counts them: one per input read, per control."""
+    index = {op.name: i for i, op in enumerate(ops)}
+    producer = {name: i for i, op in enumerate(ops) for name in op.outputs}
+    edges = [0] * len(ops)
+    for op in ops:
+        for name in op.inputs:
+            if name in producer:
+                edges[producer[name]] += 1
+        for name in op.control_inputs:
+            if name in index:
+                edges[index[name]] += 1
+    return edges
 
 
 def depends_on(op: int, other: int, preds: list[set[int]], position: dict[int, int]) -> bool:
