@@ -257,6 +257,9 @@ def op_seconds(graph: Any) -> list[float]:
         >>> seconds = op_seconds(graph)  # doctest: +SKIP
     """
     ops = graph.ops
+    cached = graph.__dict__.get("_op_seconds")
+    if cached is not None and cached[0] is ops:
+        return cached[1]
     shape_of: dict[str, tuple[tuple[int, ...], int]] = {}
     for op in ops:
         for name, shape in zip(op.outputs, op.output_shapes, strict=False):
@@ -292,6 +295,7 @@ def op_seconds(graph: Any) -> list[float]:
         elif op.type in _MATMULS and len(sizes) >= 2 and op.output_shapes:
             flops = 2 * int(math.sqrt(sizes[0] * sizes[1] * math.prod(op.output_shapes[0][0])))
         seconds.append(OP_SECONDS + flops / FLOPS_PER_SECOND + touched / BYTES_PER_SECOND)
+    graph.__dict__["_op_seconds"] = (ops, seconds)  # each sampled process replays the graph
     return seconds
 
 
@@ -311,7 +315,10 @@ def _edge_order(succs: list[list[int]], ops: list[Any], graph: Any) -> list[list
     rank = getattr(graph, "node_rank", None) or {}
     missing = len(rank)
     keys = [rank.get(op.name, missing + i) for i, op in enumerate(ops)]
-    edges = _out_edges(ops)
+    cached = graph.__dict__.get("_out_edges")
+    if cached is None or cached[0] is not ops:
+        cached = graph.__dict__["_out_edges"] = (ops, _out_edges(ops))
+    edges = cached[1]
     return [
         sorted(s)
         if edges[i] > EDGE_SET_INLINE

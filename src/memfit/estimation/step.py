@@ -210,8 +210,9 @@ class StepRun:
         self.died: dict[int, int] = {}
         self.before_change: dict[int, tuple[int, str, int, int, int | None]] = {}
         self.peak_at: tuple[int, int, list[tuple[int, int, str, int]]] | None = None
-        # The scheduler: a fixed order (each thread's depth-first policy), or under `race`
-        # a ready queue. Under several threads, `queued` holds the ops ready and not yet run.
+        # The scheduler: a fixed order (the executor's threads: `order.execution_order`), or
+        # under `race` a ready queue. Under several threads, `queued` holds the ops ready and
+        # not yet run.
         self.indegree = [len(p) for p in preds]
         self.recent: list[int] = []
         self.position: dict[int, int] = {}
