@@ -126,16 +126,55 @@ emit({{"measured": measured.peak_bytes, "likely": estimate.peak_bytes,
 """
 
 
-# small_cnn (batch 16) was the second model: in a fresh-clone CI run (2026-11-28, 4 test
-# workers and a benchmark beside it) its measured peak came 2 KB above the high bound
-# (81,294,336 against 81,292,108 bytes; 77.1 MB measured in another process). That is issue
-# 23's open finding (the bound under default threading), so it is not a test that holds yet.
+# small_cnn (batch 16) was the second model until a CI run measured 2 KB above its bound.
+# Its peak under default threading is one process's race: the 28.3 MB im2col scratch of a
+# `Conv2DBackpropFilter`, run beside the `Conv2DBackpropInput` of the same layer, takes a
+# free chunk of up to twice its size whole when it asks first (77.1 MB in most processes,
+# up to 90.3 MB in some under load; bench/RESULTS.md, "The estimate's range"). The bound now
+# covers that race (`BFC.raced_peak`): 105.7 MB there, 1.37 times its usual peak, too close
+# to the ceiling below for a test that must not flake; the second model is MobileNetV2
+# (measured 122.4-127.4 MB in 9 processes under load, bound 160.8 MB).
 @pytest.mark.slow
-@pytest.mark.parametrize("spec, shape, batch", [("keras.applications.MobileNet", (64, 64, 3), 8)])
+@pytest.mark.parametrize(
+    "spec, shape, batch",
+    [
+        ("keras.applications.MobileNet", (64, 64, 3), 8),
+        ("keras.applications.MobileNetV2", (64, 64, 3), 8),
+    ],
+)
 def test_the_range_holds_the_measured_peak_under_default_threading(spec, shape, batch):
     code = DEFAULT_THREADING.format(spec=spec, shape=shape, batch=batch)
     got = run_isolated(code, env={"MEMFIT_MEMORY": "1GiB", "PYTHONPATH": TESTS})
     assert got["likely"] <= got["high"]
     assert got["measured"] <= got["high"], got
-    # A range, not a ceiling: the bound stays within a third above the measured peak.
-    assert got["high"] <= 1.33 * got["measured"], got
+    # A range, not a ceiling: the bound stays within 40% above the measured peak (one
+    # buffer's race for a chunk up to twice its size is inside the bound; see above).
+    assert got["high"] <= 1.4 * got["measured"], got
+
+
+def test_a_raced_request_may_take_a_larger_hole_whole():
+    from memfit.estimation.bfc import BFC, GRANULE
+
+    mib = 1 << 20
+    bfc = BFC(region_bytes=256 * mib)
+    # Holes of 12 and 20 MiB between kept chunks, below the region's high-water mark.
+    a, _, b, _ = (bfc.allocate(n * mib) for n in (12, 3, 20, 3))
+    bfc.free(a)
+    bfc.free(b)
+    bfc.reset_peak()
+    assert bfc.raced_peak == bfc.in_use
+    # 11 MiB takes the 12 MiB hole whole (best fit). Had another request taken that hole
+    # first, it would have taken the 20 MiB one whole: up to a chunk under twice its size.
+    bfc.allocate(11 * mib)
+    assert bfc.peak == bfc.in_use
+    assert bfc.raced_peak == bfc.in_use + (2 * 11 * mib - GRANULE) - 12 * mib
+
+
+def test_no_race_slack_where_no_hole_lies_below_the_high_water_mark():
+    from memfit.estimation.bfc import BFC
+
+    # A fresh region: every request splits the untouched rest; none is handed a chunk whole.
+    bfc = BFC(region_bytes=256 * (1 << 20))
+    for n in (3, 5, 7):
+        bfc.allocate(n << 20)
+    assert bfc.raced_peak == bfc.peak == bfc.in_use

@@ -8,6 +8,13 @@ at least 128 MiB — otherwise the whole chunk is handed out and counted as in u
 merge with free neighbours of the same region; when nothing fits, a new region is added whose
 size starts at 2 MiB and doubles. "In use" (what `get_memory_info` reports) sums chunk sizes.
 
+`raced_peak` is the highest of in use plus the largest `slack` of a chunk live then. Ops that
+run side by side race for the allocator, so a request may find a larger free chunk than the
+one this order gave it and take it whole: at most one under twice the request, and at most
+all the free bytes below the region's high-water mark (a chunk taken whole is a hole between
+chunks in use, never the untouched rest of the region, which is split). The slack is that
+largest chunk less the one the request got.
+
 Given `region_bytes` (an emulated card with memory growth off, see `memfit.emulate`) the
 regions are the ones such a process has: the 2 MiB TensorFlow's start-up takes, and one
 spanning the rest of the budget; only a request that fits in neither grows a region beyond
@@ -17,6 +24,7 @@ it (a real run would have run out of memory there; the replay goes on to say by 
 from __future__ import annotations
 
 import bisect
+import heapq
 from dataclasses import dataclass
 
 GRANULE = 256
@@ -63,6 +71,14 @@ class BFC:
         self.regions = 0
         self.in_use = 0
         self.peak = 0
+        self.raced_peak = 0
+        # Per region: its first address, its high-water mark (end of the highest chunk ever
+        # handed out) and its bytes in use; live chunks' slack and a max-heap over it.
+        self.base: dict[int, int] = {}
+        self.top: dict[int, int] = {}
+        self.used: dict[int, int] = {}
+        self.slack: dict[int, int] = {}
+        self._slack_heap: list[tuple[int, int]] = []
         if region_bytes is not None and region_bytes > 2 * INITIAL_REGION:
             self._extend(INITIAL_REGION)
             self._add_region(region_bytes - INITIAL_REGION)
@@ -92,6 +108,8 @@ class BFC:
         # address, and each later one with a fresh `mmap`, placed below the one before.
         address = 0 if self.regions == 1 else _MMAP_TOP - self.regions * _REGION_SPACING
         chunk = _Chunk(address, region_bytes, self.regions)
+        self.base[self.regions] = self.top[self.regions] = address
+        self.used[self.regions] = 0
         self.chunks[chunk.address] = chunk
         self._insert(chunk)
 
@@ -111,6 +129,9 @@ class BFC:
             self._extend(size)
             chunk = self._find(size)
             assert chunk is not None
+        region = chunk.region
+        below_top = self.top[region] - self.base[region] - self.used[region]
+        whole = min(2 * size - GRANULE, size + MAX_INTERNAL_FRAGMENTATION - GRANULE, below_top)
         self._remove(chunk)
         if chunk.size >= 2 * size or chunk.size - size >= MAX_INTERNAL_FRAGMENTATION:
             rest = _Chunk(chunk.address + size, chunk.size - size, chunk.region)
@@ -124,7 +145,19 @@ class BFC:
         chunk.free = False
         self.in_use += chunk.size
         self.peak = max(self.peak, self.in_use)
+        self.used[region] += chunk.size
+        self.top[region] = max(self.top[region], chunk.address + chunk.size)
+        if whole > chunk.size:
+            self.slack[chunk.address] = whole - chunk.size
+            heapq.heappush(self._slack_heap, (chunk.size - whole, chunk.address))
+        self.raced_peak = max(self.raced_peak, self.in_use + self._max_slack())
         return chunk.address
+
+    def _max_slack(self) -> int:
+        heap = self._slack_heap
+        while heap and self.slack.get(heap[0][1]) != -heap[0][0]:
+            heapq.heappop(heap)
+        return -heap[0][0] if heap else 0
 
     def size_of(self, handle: int) -> int:
         """Bytes the chunk behind `handle` counts as in use."""
@@ -135,6 +168,8 @@ class BFC:
         chunk = self.chunks[handle]
         chunk.free = True
         self.in_use -= chunk.size
+        self.used[chunk.region] -= chunk.size
+        self.slack.pop(handle, None)
         for neighbour in (chunk.next, chunk.prev):
             if neighbour is None or not neighbour.free:
                 continue
@@ -151,3 +186,4 @@ class BFC:
     def reset_peak(self) -> None:
         """Start a new peak from what is in use now (`reset_memory_stats`)."""
         self.peak = self.in_use
+        self.raced_peak = self.in_use + self._max_slack()

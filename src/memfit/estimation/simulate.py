@@ -144,6 +144,7 @@ def _replay_once(
     seed = rng.random() if rng is not None else None
     order = execution_order(graph, seed) if fixed else None
     best: Replay | None = None
+    raced = 0
     before = bfc.in_use
     for _ in range(max(1, steps)):
         bfc.reset_peak()
@@ -151,11 +152,13 @@ def _replay_once(
         result = StepRun(graph, bfc, variables, order, seed, race).run()
         result.resident_bytes = before_step
         result.peak_bytes = before_step + result.step_peak_bytes
+        raced = max(raced, bfc.raced_peak)
         if best is None or result.peak_bytes > best.peak_bytes:
             best = result
     assert best is not None
     best.resident_bytes = before
     best.step_peak_bytes = best.peak_bytes - before
+    best.raced_peak_bytes = max(raced, best.peak_bytes)
     best.live = resident + best.live
     return best
 

@@ -51,6 +51,8 @@ class Replay:
     resident_bytes: int = 0
     peak_bytes: int = 0
     activations_kept_bytes: int = 0
+    # The peak had one live request taken a larger free chunk whole (`BFC.raced_peak`).
+    raced_peak_bytes: int = 0
 
 
 _SUFFIX = re.compile(r"_\d+$")
