@@ -14,13 +14,7 @@ from typing import Any
 
 import pytest
 
-from memfit.estimation import order
 from memfit.estimation.simulate import replay
-
-pytestmark = pytest.mark.skipif(
-    not hasattr(order, "threaded_order"),
-    reason="needs the replay of several inter-op threads (estimation.order.threaded_order)",
-)
 
 
 def _chain() -> Any:
