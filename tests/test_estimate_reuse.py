@@ -135,3 +135,36 @@ def test_the_time_is_reported(results):
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "estimated in " in proc.stdout and " s" in proc.stdout.split("estimated in ")[1]
+
+
+def test_a_high_bound_child_that_hangs_is_stopped_and_replayed_here(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import time
+
+    from memfit.estimation import background
+    from memfit.estimation.bounds import PeakRange
+
+    parent = os.getpid()
+
+    def replayed(graph: object, region: object, seed: int, first: int, count: int) -> PeakRange:
+        if os.getpid() != parent:  # the forked child: hang (a deadlock, say)
+            time.sleep(60)
+        return PeakRange(0, 100 + first, [100 + first + i for i in range(count)])
+
+    def own(graph: object, likely: int, *, samples: int, **_: object) -> PeakRange:
+        return PeakRange(likely, max(likely, 50), [50] * samples)
+
+    monkeypatch.setattr(background, "_replayed", replayed)
+    monkeypatch.setattr(background, "peak_range", own)
+    monkeypatch.setattr(background, "CHILD_GRACE_S", 0.5)
+    pending = background.start_peak_range(object(), samples=4, here=2)
+    child = pending.pid
+    started = time.monotonic()
+    got = pending.result(10)
+    assert time.monotonic() - started < 20
+    # The child was stopped, its samples (2 and 3) replayed here.
+    assert got.high_bytes == 102 and got.sample_bytes == [50, 50, 102, 103]
+    assert child is not None and pending.pid is None
+    with pytest.raises(ChildProcessError):
+        os.waitpid(child, os.WNOHANG)

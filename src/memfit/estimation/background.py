@@ -15,12 +15,20 @@ Where a child cannot be forked (no `os.fork`) or fails, its samples are replayed
 
 from __future__ import annotations
 
+import gc
 import os
 import pickle
+import select
+import signal
+import time
+import warnings
 from collections.abc import Callable
 from typing import Any
 
 from memfit.estimation.bounds import PeakRange, peak_range
+
+# Seconds a child that has not answered yet is waited for at least (see `_child_part`).
+CHILD_GRACE_S = 60.0
 
 
 def _replayed(graph: Any, region_bytes: int | None, seed: int, first: int, count: int) -> PeakRange:
@@ -50,7 +58,13 @@ class PendingRange:
             return
         read, write = os.pipe()
         try:
-            pid = os.fork()
+            with warnings.catch_warnings():
+                # Python 3.12+ warns that forking a threaded process may deadlock the child.
+                # The child only replays (pure Python, no TensorFlow, no logging), never
+                # collects garbage (a finaliser could call into TensorFlow), and a child
+                # that does not answer in time is killed and its samples replayed here.
+                warnings.simplefilter("ignore", DeprecationWarning)
+                pid = os.fork()
         except OSError:
             os.close(read)
             os.close(write)
@@ -58,6 +72,7 @@ class PendingRange:
         if pid == 0:  # pragma: no cover - the child: replay, send the range, leave at once
             code = 1
             try:
+                gc.disable()
                 os.close(read)
                 part = _replayed(
                     self.graph, self.region_bytes, self.seed, self.first, self.samples - self.first
@@ -68,16 +83,33 @@ class PendingRange:
             finally:
                 os._exit(code)
         os.close(write)
-        self.pid, self.fd = pid, read
+        self.pid, self.fd, self.started = pid, read, time.monotonic()
 
     def _child_part(self) -> tuple[int, list[int]] | None:
-        """The child's (high bound, sample peaks); None when it did not run or failed."""
+        """The child's (high bound, sample peaks); None when it did not run, failed or hung.
+
+        A healthy child replays no slower than this process: it is given three times as long
+        again as it has run so far (at least a minute), then stopped.
+        """
         if self.pid is None or self.fd is None:
             return None
-        with os.fdopen(self.fd, "rb") as pipe:
-            data = pipe.read()
+        now = time.monotonic()
+        deadline = now + max(CHILD_GRACE_S, 3 * (now - self.started))
+        chunks: list[bytes] = []
+        with os.fdopen(self.fd, "rb", buffering=0) as pipe:
+            self.fd = None
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0 or not select.select([pipe], [], [], left)[0]:
+                    self.cancel()
+                    return None
+                chunk = pipe.read(1 << 16)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+        data = b"".join(chunks)
         _, status = os.waitpid(self.pid, 0)
-        self.pid = self.fd = None
+        self.pid = None
         try:
             high, peaks = pickle.loads(data) if status == 0 and data else (None, None)
         except (pickle.UnpicklingError, EOFError, ValueError, TypeError):
@@ -123,8 +155,6 @@ class PendingRange:
     def cancel(self) -> None:
         """Stop the child, if any, and forget its samples (an estimate that failed)."""
         if self.pid is not None:
-            import signal
-
             os.kill(self.pid, signal.SIGKILL)
             os.waitpid(self.pid, 0)
         if self.fd is not None:
