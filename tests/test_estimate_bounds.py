@@ -133,7 +133,7 @@ emit({{"measured": measured.peak_bytes, "likely": estimate.peak_bytes,
 # up to 90.3 MB in some under load; bench/RESULTS.md, "The estimate's range"). The bound now
 # covers that race (`BFC.raced_peak`): 105.7 MB there, 1.37 times its usual peak, too close
 # to the ceiling below for a test that must not flake; the second model is MobileNetV2
-# (measured 122.4-127.4 MB in 9 processes under load, bound 160.8 MB).
+# (measured 122.3-127.4 MB in 10 processes under load, bound 160.8 MB).
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "spec, shape, batch",
