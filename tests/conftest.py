@@ -22,6 +22,7 @@ LONGEST_FIRST = (
     "test_child_options.py",
     "test_backup.py",
     "test_recompute.py",
+    "test_estimate_bounds.py",
     "test_isolate.py",
     "test_watch.py",
     "test_replicas.py",
