@@ -1,15 +1,14 @@
 """Replay a traced training step through a model of TensorFlow's allocator, without running it.
 
-The replay follows TensorFlow's executor. Ops run in the order of `single_thread_order`, the
-executor's own policy: depth first along one chain, other ready branches waiting on a stack.
-That holds for each thread: with several inter-op threads on several CPUs each thread runs
-its chain depth first and the ops it hands to the pool wait, so a weight gradient that the
-first backward chain handed off (a layer shared by several inputs: a detector's heads at each
-pyramid level) is computed near the end of the backward pass, and the other inputs' gradients
-of that weight stay live until their sum (`AddN`) can run. Ops ready at the same time may
-run together: the scratch of the largest other ready op is counted beside the running one's.
-`replay(..., race=True)` plays the other reading of several threads, a ready queue (first
-in, first out; which ready op runs first is a race), for the high bound. Each op allocates
+The replay follows TensorFlow's executor (`memfit.estimation.order.execution_order`). With
+one inter-op thread, `single_thread_order`: depth first along one chain, other ready branches
+waiting on a stack. With several, `threaded_order`: each thread runs depth first side by side,
+and an idle thread steals the oldest op another has handed to the pool, so a detector's box
+head and class head run at once, each thread taking the pyramid levels' chains and their
+weight gradients in its own order (the other levels' gradients of a shared weight stay live
+until their sum, `AddN`, can run). Ops with more than four out-edges meet their consumers in
+traced order. `replay(..., race=True)` plays another reading of several threads, a ready queue
+(first in, first out; which ready op runs first is a race), for the high bound. Each op allocates
 its outputs (rounded up to the BFC allocator's 256-byte granules) unless an output is a view of
 an input (Reshape, Identity, variable reads) or the kernel takes over an input buffer that
 nothing else holds (`forward_input_or_allocate_output`); its kernel's scratch is held while it
@@ -23,10 +22,11 @@ Known limit: the measured peak itself is not one number across processes. With o
 thread, ResNet50 96 px batch 2 Adam measured 337 MiB in most fresh `tf.function`s and 345-375
 or 420-475 MiB in some (each steady over its steps; grappler's output graph was identical,
 byte for byte, in every case): which ready successor the executor continues inline follows
-the order of the op's out-edges, and an `EdgeSet` with more than four edges iterates by
-address, which changes from one instantiation to the next. The replay predicts the usual
-(low) order; `memfit.measure` reports the spread of its repeats, and the accuracy benchmark
-the spread across processes.
+the order of the op's out-edges, and an `EdgeSet` with more than four edges is a hash set of
+edge addresses, whose order can change from one instantiation to the next. The replay plays
+the consumers' traced order (what TensorFlow's profile showed for RetinaNet's heads);
+`memfit.measure` reports the spread of its repeats, and the accuracy benchmark the spread
+across processes.
 """
 
 from __future__ import annotations
