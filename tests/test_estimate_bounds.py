@@ -170,6 +170,40 @@ def test_a_raced_request_may_take_a_larger_hole_whole():
     assert bfc.raced_peak == bfc.in_use + (2 * 11 * mib - GRANULE) - 12 * mib
 
 
+def test_two_raced_requests_may_each_take_a_larger_hole_whole():
+    from memfit.estimation.bfc import BFC, GRANULE
+
+    mib = 1 << 20
+    bfc = BFC(region_bytes=256 * mib)
+    # Holes of 12, 20, 12 and 20 MiB between kept chunks, below the high-water mark.
+    handles = [bfc.allocate(n * mib) for n in (12, 3, 20, 3, 12, 3, 20, 3)]
+    for hole in handles[::2]:
+        bfc.free(hole)
+    bfc.reset_peak()
+    # Two 11 MiB requests (two ops on two threads) each take a 12 MiB hole whole; had each
+    # asked before the other, both could have taken a 20 MiB hole whole.
+    bfc.allocate(11 * mib)
+    bfc.allocate(11 * mib)
+    assert bfc.peak == bfc.in_use
+    assert bfc.raced_peak == bfc.in_use + 2 * ((2 * 11 * mib - GRANULE) - 12 * mib)
+
+
+def test_two_raced_requests_take_no_more_than_the_holes_the_later_one_found():
+    from memfit.estimation.bfc import BFC, GRANULE
+
+    mib = 1 << 20
+    bfc = BFC(region_bytes=256 * mib)
+    # Holes of 12, 14 and 4 MiB: 30 MiB free below the high-water mark.
+    handles = [bfc.allocate(n * mib) for n in (12, 3, 14, 3, 4, 3)]
+    for hole in handles[::2]:
+        bfc.free(hole)
+    bfc.reset_peak()
+    bfc.allocate(11 * mib)  # the 12 MiB hole whole; up to 22 MiB less a granule had it raced
+    bfc.allocate(13 * mib)  # the 14 MiB hole whole; only the 4 MiB hole is left beside it
+    # Both raced at once would need more than the holes hold: the largest one race counts.
+    assert bfc.raced_peak == bfc.in_use + (2 * 11 * mib - GRANULE) - 12 * mib
+
+
 def test_no_race_slack_where_no_hole_lies_below_the_high_water_mark():
     from memfit.estimation.bfc import BFC
 
