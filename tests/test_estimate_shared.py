@@ -12,6 +12,7 @@ profile; see bench/RESULTS.md, "Shared heads' weight gradients").
 
 from __future__ import annotations
 
+import math
 import random
 
 from helpers import run_isolated
@@ -202,6 +203,42 @@ def test_op_seconds_counts_a_convolutions_arithmetic():
     assert seconds[1] == 0.0  # inexpensive: inline, no time
     # 2 * 64*64*64 outputs * 3*3*64 multiply-adds: ~0.3 GFLOP, far above the add's bytes.
     assert seconds[2] > 10 * seconds[3] > 0
+
+
+def _conv_and_backprops(batch: int, pixels: int, cin: int, cout: int, taps: int) -> StepGraph:
+    """A convolution (`taps` x `taps`, stride 1) and both its gradients, shapes as traced."""
+
+    def op(name: str, kind: str, inputs: list[str], shape: tuple[int, ...]) -> OpInfo:
+        info = OpInfo(name, kind, inputs, [f"{name}:0"], [4 * math.prod(shape)])
+        info.output_shapes = [(shape, 4)]
+        return info
+
+    image, out = (batch, pixels, pixels, cin), (batch, pixels, pixels, cout)
+    return StepGraph(
+        [
+            op("x", "Relu", [], image),
+            op("k", "ReadVariableOp", [], (taps, taps, cin, cout)),
+            op("dy", "Relu", [], out),
+            op("xs", "Const", [], (4,)),
+            op("ks", "Const", [], (4,)),
+            op("conv", "Conv2D", ["x:0", "k:0"], out),
+            op("dx", "Conv2DBackpropInput", ["xs:0", "k:0", "dy:0"], image),
+            op("dk", "Conv2DBackpropFilter", ["x:0", "ks:0", "dy:0"], (taps, taps, cin, cout)),
+        ],
+        [], [], [], {}, {}, set(), "opt", 2,
+    )  # fmt: skip
+
+
+def test_op_seconds_costs_a_convolutions_gradients_as_its_multiply_adds():
+    # Each gradient of a convolution does the forward's multiply-adds (one per output-gradient
+    # element, kernel tap and input channel), whichever of kernel and image is larger:
+    # MobileNet's conv_pw_13 (1x1, 1024 -> 1024 channels on 3x3 pixels, kernel larger than
+    # the image) and a projection (1x1, 384 -> 64 channels, output smaller than the input).
+    for shape in [(2, 3, 1024, 1024, 1), (2, 12, 384, 64, 1), (2, 24, 32, 96, 3)]:
+        seconds = op_seconds(_conv_and_backprops(*shape))
+        forward, to_input, to_kernel = seconds[5:8]
+        assert forward / 2 < to_input < 2 * forward, shape
+        assert forward / 2 < to_kernel < 2 * forward, shape
 
 
 SHARED = """

@@ -246,9 +246,10 @@ _MATMULS = frozenset({"MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3"}
 def op_seconds(graph: Any) -> list[float]:
     """A rough run time for each op of `graph`: its arithmetic and the bytes it touches.
 
-    Convolutions and matrix products count their multiply-adds (from the kernel's shape and
-    the larger of the op's input and output tensors); other ops the bytes they read and
-    write. Inexpensive kernels (`INEXPENSIVE_OPS`) take no time.
+    Convolutions and their gradients count their multiply-adds (the kernel's taps and input
+    channels for each element of the output, or of the output's gradient); matrix products
+    theirs; other ops the bytes they read and write. Inexpensive kernels (`INEXPENSIVE_OPS`)
+    take no time.
 
     Args:
         graph: the traced step (`memfit.backend.tf_graph.StepGraph`).
@@ -281,10 +282,16 @@ def op_seconds(graph: Any) -> list[float]:
         sizes = [elements(name) for name in op.inputs]
         if op.type in _CONVOLUTIONS and len(op.inputs) == 3 and op.output_shapes:
             kernel = shape_of.get(op.inputs[1], ((),))[0]
+            # Both gradients do the forward's multiply-adds: one per output-gradient element
+            # (input 2), kernel tap and input channel. Counting the larger of that and the
+            # op's output as pixels made MobileNet's conv_pw_13 filter gradient (its output,
+            # the kernel, 1x1x1024x1024 against 8x4x4x1024 at 128 px batch 8) 8 times too
+            # slow, and its Adam update wait in the replay; a projection's input gradient
+            # (its output, 384 channels against 64) 6 times.
             if op.type == "Conv2DBackpropFilter":
                 kernel = op.output_shapes[0][0]
+            image = sizes[2]
             if len(kernel) == 4:
-                image = max(sizes[2], math.prod(op.output_shapes[0][0]))
                 flops = 2 * image * kernel[0] * kernel[1] * kernel[2]
         elif op.type in _CONVOLUTIONS and len(op.inputs) == 2:
             kernel = shape_of.get(op.inputs[1], ((),))[0]
