@@ -99,8 +99,11 @@ def test_a_choice_that_needs_a_recovery_gives_way_to_more_micro_batches(monkeypa
     )
     chosen, how = planner.confirm_queue([planner.candidate("float32", None, 1)], 20)
     first = planner.candidates[0]
-    assert first.confirmed is False and first.oom
-    assert "out of memory" in first.recoveries[0]
+    # K=1 does not hold: a later step runs out of memory, or (the allocator's history
+    # differs from process to process) peaks over the limit without running out.
+    assert first.confirmed is False and first.recoveries
+    assert first.oom or "over the limit" in first.recoveries[0]
+    assert "out of memory" in first.recoveries[0] or "over the limit" in first.recoveries[0]
     assert chosen is not None and chosen.confirmed and chosen.micro_batches >= 2
     assert chosen.peak_bytes <= int(budget.usable_bytes * 0.95)
     assert how.startswith("confirmed: trained 20 steps") and "K=1 float32 did not hold" in how
