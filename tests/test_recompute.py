@@ -329,6 +329,19 @@ def test_estimate_what_if_that_cannot_build_is_one_not_applicable_line() -> None
     )
     assert _not_applicable(keras_error) == ("not applicable: Output with path `0` is not connected")
     assert _not_applicable(TypeError("bad mode\nmore")) == "not applicable: bad mode"
+    # RematScope("larger_than") on a functional model: Keras wraps the cause twice.
+    wrapped = ValueError(
+        "in user code:\n\n    File \"trainer.py\", line 59, in train_step  *\n"
+        "        y_pred = self(x, training=True)\n\n"
+        "    ValueError: Exception encountered when calling Functional.call().\n    \n"
+        "    \x1b[1mThe custom_gradient decorator currently supports keywords arguments only "
+        "when eager execution is enabled.\x1b[0m\n    \n"
+        "    Arguments received by Functional.call():\n      • training=True\n"
+    )
+    assert _not_applicable(wrapped) == (
+        "not applicable: The custom_gradient decorator currently supports keywords arguments "
+        "only when eager execution is enabled."
+    )
 
 
 def _pyramid_model() -> Any:

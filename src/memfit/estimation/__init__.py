@@ -588,13 +588,20 @@ def _not_applicable(exc: Exception) -> str:
     Keras wraps errors raised while tracing in `in user code:` and a traceback; the
     reason is the last `SomeError: ...` line of it.
     """
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    lines = [
+        re.sub(r"\x1b\[[0-9;]*m", "", line).strip()  # Keras bolds the cause
+        for line in str(exc).splitlines()
+        if line.strip()
+    ]
     why = lines[0] if lines else type(exc).__name__
+    at = 0
     if why.startswith("in user code"):
-        errors = [line for line in lines if re.match(r"^[A-Za-z_.]*(Error|Exception):", line)]
-        why = errors[-1] if errors else lines[-1]
-        why = why.split(": ", 1)[1] if ": " in why else why
-    elif why.startswith("Exception encountered when calling") and len(lines) > 1:
-        why = re.sub(r"\x1b\[[0-9;]*m", "", lines[1])  # the cause, not the wrapper
+        errors = [
+            i for i, line in enumerate(lines) if re.match(r"^[A-Za-z_.]*(Error|Exception):", line)
+        ]
+        at = errors[-1] if errors else len(lines) - 1
+        why = lines[at].split(": ", 1)[1] if ": " in lines[at] else lines[at]
+    if why.startswith("Exception encountered when calling") and len(lines) > at + 1:
+        why = lines[at + 1]  # the cause, not Keras' wrapper around it
     why = why.removeprefix("recompute is not applicable: ")
     return f"not applicable: {why[:200]}"
