@@ -87,13 +87,62 @@ def regnetx002(input_shape: tuple[int, int, int], classes: int = 10) -> Any:
     return keras.Model(inputs, outputs, name="regnetx002")
 
 
+def unet(input_shape: tuple[int, int, int], classes: int = 4, width: int = 16) -> Any:
+    """A U-Net segmenter (Ronneberger et al. 2015): 3 down and 3 up stages, random weights.
+
+    Each stage is two 3x3 convolutions with BatchNormalization and ReLU; the encoder halves
+    the resolution with max pooling, the decoder doubles it with a strided
+    `Conv2DTranspose` and concatenates the encoder's output of the same resolution. The head
+    is a 1x1 convolution with a per-pixel softmax (memfit trains it with sparse categorical
+    cross-entropy on `(height, width)` integer masks).
+
+    Args:
+        input_shape: one image's `(height, width, channels)`; sides divisible by 8.
+        classes: segmentation classes (channels of the per-pixel softmax).
+        width: filters of the first stage (doubled at each stage down).
+
+    Returns:
+        An uncompiled `keras.Model`.
+
+    Example:
+        >>> unet((64, 64, 3)).output.shape
+        (None, 64, 64, 4)
+    """
+    import keras
+    from keras import layers
+
+    def stage(x: Any, filters: int, name: str) -> Any:
+        for i in (1, 2):
+            x = layers.Conv2D(filters, 3, padding="same", use_bias=False, name=f"{name}_conv{i}")(x)
+            x = layers.BatchNormalization(name=f"{name}_bn{i}")(x)
+            x = layers.ReLU(name=f"{name}_relu{i}")(x)
+        return x
+
+    inputs = keras.Input(input_shape)
+    skips, x = [], inputs
+    for level in range(3):
+        x = stage(x, width * 2**level, f"down{level}")
+        skips.append(x)
+        x = layers.MaxPooling2D(name=f"down{level}_pool")(x)
+    x = stage(x, width * 8, "bottom")
+    for level in reversed(range(3)):
+        x = layers.Conv2DTranspose(
+            width * 2**level, 2, strides=2, padding="same", name=f"up{level}_transpose"
+        )(x)
+        x = layers.Concatenate(name=f"up{level}_concat")([x, skips[level]])
+        x = stage(x, width * 2**level, f"up{level}")
+    outputs = layers.Conv2D(classes, 1, activation="softmax", name="head")(x)
+    return keras.Model(inputs, outputs, name="unet")
+
+
 def accuracy_model(name: str, size: int, batch: int, optimizer: Any) -> tuple[Any, Any]:
     """A model of `bench.estimate_accuracy` and its data (None: memfit synthesises the batch).
 
     Args:
-        name: a `keras.applications` name, `RegNetX002`, `RetinaNet` (keras-hub, ResNet-10
-            encoder, compiled here with its own losses and `optimizer`) or `ViT` (ViT-Tiny,
-            8-pixel patches). Classifiers have 10 classes and random weights.
+        name: a `keras.applications` name, `RegNetX002`, `UNet` (a segmenter, 4 classes),
+            `RetinaNet` (keras-hub, ResNet-10 encoder, compiled here with its own losses and
+            `optimizer`) or `ViT` (ViT-Tiny, 8-pixel patches). Classifiers have 10 classes
+            and random weights.
         size: image side in pixels.
         batch: the batch size (the detector's dataset holds this many samples).
         optimizer: the Keras optimizer the detector is compiled with; classifiers are left
@@ -119,6 +168,8 @@ def accuracy_model(name: str, size: int, batch: int, optimizer: Any) -> tuple[An
         return zoo.vit_classifier(size, num_classes=10), None
     if name == "RegNetX002":
         return regnetx002((size, size, 3), classes=10), None
+    if name == "UNet":
+        return unet((size, size, 3)), None
     factory = getattr(keras.applications, name)
     return factory(weights=None, input_shape=(size, size, 3), classes=10), None
 

@@ -327,10 +327,12 @@ def test_estimate_accuracy_summary_signs_errors_and_reads_the_range() -> None:
 
 
 def test_estimate_accuracy_cases_cover_both_groups_and_threadings() -> None:
-    from bench.estimate_accuracy import QUICK, TUNED_ON, UNSEEN, cases_for
+    from bench.estimate_accuracy import HOLDOUT, QUICK, TUNED_ON, UNSEEN, cases_for
 
     assert {s.group for s in QUICK} == {"tuned-on", "unseen"}
     assert not {s.model for s in UNSEEN} - {"RetinaNet"} & {s.model for s in TUNED_ON}
+    # The holdout shares no family with the sets the estimate was worked on.
+    assert not {s.model for s in HOLDOUT} & {s.model for s in TUNED_ON + UNSEEN}
     cases = cases_for(UNSEEN[:1], ["adam", "sgd"], ["default", "pinned"], batches=[3])
     assert [(c["optimizer"], c["threads"], c["batch_size"]) for c in cases] == [
         ("adam", "default", 3),
@@ -408,3 +410,19 @@ def test_reliability_arguments_rows_table_and_json(monkeypatch: pytest.MonkeyPat
     assert not reliability.resumed_at(stdout, "", 16)  # it never said so
     assert not reliability.resumed_at("UPDATE 1\n", said, 16)  # it started again
     assert reliability.last_update(stdout) == 18
+
+
+def test_unet_is_a_segmenter_trained_on_integer_masks() -> None:
+    """The holdout's U-Net: per-pixel softmax, and memfit synthesises `(b, h, w)` masks."""
+    from bench.models import accuracy_model
+    from memfit.workload import Workload
+
+    model, data = accuracy_model("UNet", 32, 2, None)
+    assert data is None and tuple(model.output.shape) == (None, 32, 32, 4)
+    assert {layer.__class__.__name__ for layer in model.layers} >= {
+        "Conv2DTranspose",
+        "Concatenate",
+    }
+    workload = Workload(model, optimizer="adam", loss="sparse_categorical_crossentropy")
+    x, y = workload.batch(2)
+    assert tuple(x.shape) == (2, 32, 32, 3) and tuple(y.shape) == (2, 32, 32)
