@@ -391,8 +391,17 @@ def estimate(
         progress(f"tracing the step at batch {batch_size}")
         workload = build()
         tracing = time.perf_counter()  # the trace's time leaves the model's build out
-        graph = _start_trace(workload, int(batch_size)).result()
+        pending_base = _start_trace(workload, int(batch_size))
         traced = time.perf_counter() - tracing
+        doubled = None
+        if what_ifs:
+            # The first what-if's step is traced while grappler works on this one (on its
+            # thread), instead of after waiting for it.
+            progress(f"what if: batch {batch_size * 2}")
+            doubled = _begin_trace(lambda: workload, {"batch_size": int(batch_size) * 2})
+        waiting = time.perf_counter()
+        graph = pending_base.result()
+        traced += time.perf_counter() - waiting
         if not what_ifs:
             result = _replayed(graph, workload, traced, started, samples=samples, on_sample=sampled)
         else:
@@ -419,6 +428,7 @@ def estimate(
                     input_shape,
                     progress,
                     bounded,
+                    doubled,
                 )
                 bounded()
             except BaseException:
@@ -460,11 +470,13 @@ def _what_ifs(
     input_shape: InputShape | None,
     progress: Callable[[str], None],
     bounded: Callable[[], Estimate] | None = None,
+    doubled: tuple[Any, Workload | None, float] | None = None,
 ) -> list[dict[str, Any]]:
     """The what-if rows of `base`, in the order they are shown.
 
     `bounded()` gives `base` with its high bound (it may wait for the samples, which replay
     in a child meanwhile); it is asked for only where a row needs the high-to-likely ratio.
+    `doubled` is the step at twice the batch when its trace has begun (`_begin_trace`).
     """
     rows: list[dict[str, Any]] = []
     highs: list[tuple[dict[str, Any], int]] = []  # rows whose high bound waits for the ratio
@@ -510,12 +522,7 @@ def _what_ifs(
             return
         change, make, kwargs = upcoming.pop(0)
         progress(f"what if: {change}")
-        since = time.perf_counter()
-        try:
-            made = make()
-            started[change] = (_start_trace(made, **kwargs), made, since)
-        except Exception as exc:  # noqa: BLE001 - reported in the what-if's row
-            started[change] = (exc, None, since)
+        started[change] = _begin_trace(make, kwargs)
 
     def finish(change: str) -> tuple[Estimate, Any]:
         """The what-if's estimate and step (raises what tracing it raised)."""
@@ -526,12 +533,15 @@ def _what_ifs(
         step = pending.result()
         return _replayed(step, made, time.perf_counter() - since, since), step
 
-    start_next()
-    doubled, doubled_step = finish(f"batch {batch * 2}")
+    if doubled is None:
+        start_next()
+    else:
+        started[upcoming.pop(0)[0]] = doubled
+    twice, doubled_step = finish(f"batch {batch * 2}")
     steps = _Steps(workload, graph, doubled_step)
     by_size = {batch: base.peak_bytes}
     for size in sizes:
-        est = doubled if size == batch * 2 else steps.estimate(size)
+        est = twice if size == batch * 2 else steps.estimate(size)
         by_size[size] = est.peak_bytes
         row(f"batch size {size}", est)
     if base.budget is not None:
@@ -563,6 +573,22 @@ def _what_ifs(
     for entry, peak in highs:
         entry["high_bytes"] = int(peak * scale)
     return rows
+
+
+def _begin_trace(
+    make: Callable[[], Workload], kwargs: dict[str, Any]
+) -> tuple[Any, Workload | None, float]:
+    """Build a what-if's workload and begin tracing its step (grappler goes on on a thread).
+
+    Returns (the pending trace, or what building or tracing raised; the workload; when it
+    began), as `_what_ifs` keeps its started steps.
+    """
+    since = time.perf_counter()
+    try:
+        made = make()
+        return _start_trace(made, **kwargs), made, since
+    except Exception as exc:  # noqa: BLE001 - reported in the what-if's row
+        return exc, None, since
 
 
 def _variants(base: Estimate, rebuild: bool, optimizer: Any) -> list[tuple[str, dict[str, Any]]]:
