@@ -32,6 +32,7 @@ across processes.
 from __future__ import annotations
 
 import random
+from collections import deque
 from typing import Any
 
 from memfit.estimation.bfc import BFC
@@ -40,7 +41,16 @@ from memfit.estimation.order import (
     execution_order,
     single_thread_order,
 )
-from memfit.estimation.step import GRANULE, Live, Replay, StepRun, layer_of, phase_of, round_up
+from memfit.estimation.step import (
+    GRANULE,
+    Live,
+    Replay,
+    StepRun,
+    layer_of,
+    phase_of,
+    round_up,
+    step_structure,
+)
 
 # Re-exported from `memfit.estimation.order` and `memfit.estimation.step`, where they moved.
 __all__ = [
@@ -51,6 +61,7 @@ __all__ = [
     "execution_order",
     "layer_of",
     "phase_of",
+    "rehomed_updates",
     "replay",
     "round_up",
     "single_thread_order",
@@ -72,6 +83,7 @@ def replay(
     order_seed: int | None = None,
     warmups: int = 1,
     race: bool = False,
+    rehome: bool = False,
 ) -> Replay:
     """Replay `graph` (a `memfit.backend.tf_graph.StepGraph`) and find its peak.
 
@@ -96,13 +108,24 @@ def replay(
     kernel until the fifth, handed off by the first chain, is computed near the end of the
     backward pass; the ready queue sums them as they come and holds none.
 
+    `rehome`: every weight update that can copy its variable does so in every step
+    (`rehomed_updates`): the allocator after many steps of a process in which the threads'
+    timing let the weights' updates outrun the gradients that read them. Not the default:
+    it brings EfficientNetB3 (96 px, batch 4, Adam, default threading) from 262 to 285 MiB
+    (measured 286) and MobileNetV2's recompute step (96 px, batch 16) from 108 to 125 MiB
+    (measured 123-125 after its first step), but puts MobileNetV2, ResNet50 and
+    EfficientNetB0 at batch 2 4-6% above their measured peaks, where TensorFlow copied 12 to
+    18 of MobileNetV2's 104 such weights a step. Which weights copy follows the threads'
+    timing, which the replay does not model finely enough to choose them.
+
     Known limit: with one inter-op thread the executor's order is fixed when a process
     instantiates the step but not the same in every process (an op with more than four
     out-edges meets its consumers in address order): VGG16 96 px batch 2 Adam measured
     771, 900 and 1017 MiB in three processes; the replay plays grappler's node order.
     """
     rng = random.Random(order_seed) if order_seed is not None else None
-    return _replay_once(graph, warmup, steps, region_bytes, rng, max(1, warmups), race)
+    copies = rehomed_updates(graph) if rehome else frozenset()
+    return _replay_once(graph, warmup, steps, region_bytes, rng, max(1, warmups), race, copies)
 
 
 def _replay_once(
@@ -113,10 +136,13 @@ def _replay_once(
     rng: random.Random | None = None,
     warmups: int = 1,
     race: bool = False,
+    copies: frozenset[int] = frozenset(),
 ) -> Replay:
     bfc = BFC(region_bytes)
     resident: list[Live] = []
     variables: dict[str, int] = {}
+    # Each variable's request, category and layer: its buffer moves when an update copies it.
+    described: dict[str, tuple[int, str, str]] = {}
     temps = getattr(graph, "variable_temps", None) or {}
     for name, (nbytes, kind) in graph.variables.items():
         # As the variable was made: its resource handle (kept), then its initializer's
@@ -131,7 +157,7 @@ def _replay_once(
             bfc.free(buffer)
         variables[name] = handle
         label = {"weight": "weights", "optimizer": "optimizer_slots"}.get(kind, "other_state")
-        resident += _chunk(bfc, handle, nbytes, label, layer, name)
+        described[name] = (nbytes, label, layer)
     for name, nbytes in zip(graph.arguments, graph.argument_bytes, strict=True):
         handle = bfc.allocate(nbytes)
         resident += _chunk(bfc, handle, nbytes, "inputs", "", name)
@@ -140,27 +166,153 @@ def _replay_once(
         for _ in range(warmups if rng is not None else 1):
             seed = rng.random() if rng is not None else None
             order = execution_order(graph, seed) if fixed else None
-            StepRun(graph, bfc, variables, order, seed, race).run()
+            StepRun(graph, bfc, variables, order, seed, race, copies).run()
     seed = rng.random() if rng is not None else None
     order = execution_order(graph, seed) if fixed else None
     best: Replay | None = None
+    held: list[Live] = []
+    moved: set[str] = set()
     raced = 0
     before = bfc.in_use
     for _ in range(max(1, steps)):
         bfc.reset_peak()
         before_step = bfc.in_use
-        result = StepRun(graph, bfc, variables, order, seed, race).run()
+        homes = {name: (handle, bfc.size_of(handle)) for name, handle in variables.items()}
+        run = StepRun(graph, bfc, variables, order, seed, race, copies)
+        result = run.run()
         result.resident_bytes = before_step
         result.peak_bytes = before_step + result.step_peak_bytes
         raced = max(raced, bfc.raced_peak)
         if best is None or result.peak_bytes > best.peak_bytes:
             best = result
+            # The variables' buffers live at the peak: where the step found them, unless an
+            # update moved the variable before the peak (its new buffer is the step's).
+            held = [
+                item
+                for name, (handle, size) in homes.items()
+                if handle in run.held_at_peak
+                for item in _sized(size, *described[name], name)
+            ]
+            moved = {name for name, (handle, _) in homes.items() if handle not in run.held_at_peak}
     assert best is not None
     best.resident_bytes = before
     best.step_peak_bytes = best.peak_bytes - before
     best.raced_peak_bytes = max(raced, best.peak_bytes)
-    best.live = resident + best.live
+    # The buffer an update gave a variable whose old one is gone (a copy, an adopted value)
+    # holds the variable; a copy made while a read still holds the old one stays a temporary.
+    assigns = {op.name: op.variable for op in graph.ops if op.type.startswith("Assign")}
+    for item in best.live:
+        if item.category == "temporaries" and assigns.get(item.op) in moved:
+            item.category = described[assigns[item.op]][1]
+    best.live = resident + held + best.live
     return best
+
+
+def rehomed_updates(graph: Any) -> frozenset[int]:
+    """The weight updates that copy their variable to a new buffer (copy-on-write).
+
+    Under several inter-op threads a weight's update (`AssignSubVariableOp`, ...) runs on one
+    thread while a backward op that reads the weight (a convolution's input gradient, a
+    batch norm's gradient) may still run on another, and TensorFlow then copies the variable
+    to a new buffer first (`PrepareToUpdateVariable`: the tensor's reference count is not
+    one), which the variable keeps. The copy is made in the backward pass, in a hole that
+    freed activations left, so over the steps the weights move into the activations' space
+    and cut its free space into holes; a later large request finds a hole under twice its
+    size and takes it whole. TensorFlow's allocator profile of EfficientNetB3 (96 px, batch
+    4, Adam, default threading) shows 16 to 33 weights copied in each step (61 in four), and
+    its 20.1 MiB input-gradient scratch at the peak in a 35.5-40.1 MiB hole bounded by copied
+    weights; MobileNetV2's recompute step (96 px, batch 16) its recomputed block_1_expand
+    output (13.5 MiB) in a 23.6 MiB hole between two. Which weights copy in a step depends
+    on the threads' timing, and a weight copied once stays where it went until it is copied
+    again. The weights that can copy are those read by a backward op that their update
+    does not wait for (every weight TensorFlow copied in those profiles is one); under
+    `replay(..., rehome=True)` they copy in every step. With one inter-op thread an op's
+    inputs are released before the next op runs, and `StepRun.assign` copies only while a
+    read is still to be consumed.
+
+    Args:
+        graph: the traced step (`memfit.backend.tf_graph.StepGraph`); the result is cached
+            on it.
+
+    Returns:
+        The indices of those update ops in `graph.ops`.
+
+    Example:
+        ```python
+        copies = rehomed_updates(graph)
+        result = StepRun(graph, BFC(None), None, None, None, False, copies).run()
+        ```
+    """
+    cached = graph.__dict__.get("_rehomed_updates")
+    if cached is not None and cached[0] is graph.ops:
+        return cached[1]
+    ops = graph.ops
+    copies: set[int] = set()
+    if int(getattr(graph, "inter_op_threads", 1) or 1) > 1:
+        _, _, preds, succs, phases, _, _ = step_structure(graph)
+        reads = {
+            op.outputs[0]: op.variable
+            for op in ops
+            if op.type == "ReadVariableOp" and op.variable and op.outputs
+        }
+        readers: dict[str, list[int]] = {}
+        for i, op in enumerate(ops):
+            if phases[i] == "backward" and op.type not in INEXPENSIVE_OPS:
+                for name in set(op.inputs):
+                    if name in reads:
+                        readers.setdefault(reads[name], []).append(i)
+        position = _topological_positions(preds, succs)
+        for i, op in enumerate(ops):
+            kind = graph.variables.get(op.variable, (0, ""))[1] if op.variable else ""
+            if kind != "weight" or not op.type.startswith("Assign"):
+                continue
+            if any(not _needs(i, j, preds, position) for j in readers.get(op.variable, ())):
+                copies.add(i)
+    result = frozenset(copies)
+    graph.__dict__["_rehomed_updates"] = (ops, result)
+    return result
+
+
+def _topological_positions(preds: list[set[int]], succs: list[list[int]]) -> list[int]:
+    """Each op's place in one topological order of the graph (Kahn's)."""
+    indegree = [len(p) for p in preds]
+    ready = deque(i for i, count in enumerate(indegree) if count == 0)
+    position = [len(preds)] * len(preds)
+    placed = 0
+    while ready:
+        op = ready.popleft()
+        position[op] = placed
+        placed += 1
+        for succ in succs[op]:
+            indegree[succ] -= 1
+            if indegree[succ] == 0:
+                ready.append(succ)
+    return position
+
+
+def _needs(op: int, other: int, preds: list[set[int]], position: list[int]) -> bool:
+    """Whether `op` (transitively) needs `other`; only ops placed after `other` are searched."""
+    floor = position[other]
+    if position[op] <= floor:
+        return False
+    stack, seen = [op], {op}
+    while stack:
+        for p in preds[stack.pop()]:
+            if p == other:
+                return True
+            if p not in seen and position[p] > floor:
+                seen.add(p)
+                stack.append(p)
+    return False
+
+
+def _sized(size: int, nbytes: int, category: str, layer: str, op: str) -> list[Live]:
+    """A chunk of `size` bytes holding a request of `nbytes`, as live bytes."""
+    request = round_up(nbytes)
+    items = [Live(request, category, layer, op)]
+    if size > request:
+        items.append(Live(size - request, "fragmentation", layer, op))
+    return items
 
 
 def _chunk(bfc: BFC, handle: int, nbytes: int, category: str, layer: str, op: str) -> list[Live]:

@@ -149,6 +149,8 @@ class StepRun:
             a ready queue).
         seed: another process's order: the ready queue's successors are shuffled by it.
         race: under several inter-op threads, run a ready queue instead of a fixed order.
+        copies: update ops that copy their variable to a new buffer whatever the reads
+            (copy-on-write under several inter-op threads, `simulate.rehomed_updates`).
 
     Example:
         ```python
@@ -165,6 +167,7 @@ class StepRun:
         order: list[int] | None,
         seed: float | None,
         race: bool,
+        copies: frozenset[int] = frozenset(),
     ) -> None:
         self.graph = graph
         self.ops = graph.ops
@@ -179,6 +182,7 @@ class StepRun:
                 shuffle(s)
         self.succs = succs
         self.bfc = bfc
+        self.copies = copies
         self.pending = {name: len(c) for name, c in consumers.items()}
         self.fetched = set(graph.fetches)
         self.arguments = set(graph.arguments)
@@ -197,6 +201,11 @@ class StepRun:
         self.forward_live = 0
         # Each variable's buffer: the variable holds one reference; a read shares it.
         self.held = variables if variables is not None else {}
+        # The variables' buffers as the step starts, and those of them still live at the peak
+        # (a variable copied before the peak has freed its old buffer): `read_back`.
+        self.held_at_start = set(self.held.values())
+        self.held_at_peak = set(self.held_at_start)
+        self.held_freed: dict[int, int] = {}
         for name, handle in self.held.items():
             self.size[handle] = bfc.size_of(handle)
             self.request[handle] = round_up(graph.variables[name][0])
@@ -276,6 +285,8 @@ class StepRun:
             self.count_forward(buffer, -1)
             self.clock += 1
             self.died[buffer] = self.clock
+            if buffer in self.held_at_start:
+                self.held_freed.setdefault(buffer, self.clock)
             self.bfc.free(buffer)
 
     def release(self, name: str) -> None:
@@ -361,7 +372,7 @@ class StepRun:
                 held[op.variable] = candidate
                 self.release_buffer(old)
                 return
-        if self.refs[old] > 1:
+        if self.refs[old] > 1 or op_index in self.copies:
             held[op.variable] = self.allocate(self.request[old], op_index)
             self.release_buffer(old)
 
@@ -452,6 +463,8 @@ class StepRun:
         assert self.peak_at is not None
         at, op_index, extra = self.peak_at
         self.peak_at = None
+        freed = self.held_freed
+        self.held_at_peak = {b for b in self.held_at_start if freed.get(b, at + 1) > at}
         ops, layers = self.ops, self.layers
         live = []
         for buffer in self.refs:
