@@ -8,6 +8,7 @@ dropped) decide what is live when. `grappler_graph` runs the meta optimizer;
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -83,14 +84,19 @@ def grappler_config(gpus: bool | None = None) -> Any:
     from tensorflow.core.protobuf import config_pb2, rewriter_config_pb2
 
     if gpus is None:
-        tf = tfb.import_tf()
-        gpus = bool(tf.config.list_physical_devices("GPU"))
+        gpus = _sees_gpu()
     config = config_pb2.ConfigProto()
     rewrite = config.graph_options.rewrite_options
     rewrite.disable_tfg_optimizer = True
     if not gpus:
         rewrite.layout_optimizer = rewriter_config_pb2.RewriterConfig.OFF
     return config
+
+
+@functools.cache
+def _sees_gpu() -> bool:
+    """Whether TensorFlow sees a GPU (asked once: every traced step's grappler pass needs it)."""
+    return bool(tfb.import_tf().config.list_physical_devices("GPU"))
 
 
 def rewire_as_grappler(ops: list[OpInfo], nodes: dict[str, GrapplerNode]) -> int:

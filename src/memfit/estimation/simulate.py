@@ -317,8 +317,4 @@ def _sized(size: int, nbytes: int, category: str, layer: str, op: str) -> list[L
 
 def _chunk(bfc: BFC, handle: int, nbytes: int, category: str, layer: str, op: str) -> list[Live]:
     """The chunk at `handle` as live bytes: the request, and what BFC handed out beyond it."""
-    request = round_up(nbytes)
-    items = [Live(request, category, layer, op)]
-    if bfc.size_of(handle) > request:
-        items.append(Live(bfc.size_of(handle) - request, "fragmentation", layer, op))
-    return items
+    return _sized(bfc.size_of(handle), nbytes, category, layer, op)
