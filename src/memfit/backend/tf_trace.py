@@ -38,13 +38,76 @@ from memfit.backend.tf_kernels import (
 from memfit.backend.tf_layers import layer_tree, variable_owners
 
 
-def batch_specs(workload: Any, batch_size: int) -> Any:
-    """`TensorSpec`s of a batch of `batch_size` (made from a one-sample batch)."""
+def batch_specs(workload: Any, batch_size: int | None) -> Any:
+    """`TensorSpec`s of a batch of `batch_size` (made from a one-sample batch; None: any)."""
     tf = tfb.import_tf()
     x, y = workload.batch(1)
     return tf.nest.map_structure(
         lambda t: tf.TensorSpec([batch_size, *t.shape[1:]], t.dtype), (x, y)
     )
+
+
+def with_shapes(
+    graph_def: Any,
+    arguments: dict[str, Any],
+    variables: dict[str, Any],
+    *,
+    runtime: bool,
+    batched: frozenset[str] = frozenset(),
+) -> Any:
+    """A copy of the step traced for any batch size that says its inputs' shapes: a `GraphDef`.
+
+    `model.fit` feeds batches whose first dimension is undefined, so TensorFlow runs the
+    step traced for any batch size (see `start_trace`), and knows, as it runs it, the
+    shapes of what it is fed. A graph's placeholders carry none of that: each captured
+    variable's placeholder (`variables`: op name -> variable) becomes a `VarHandleOp` of
+    the variable's shape and dtype, and each batch argument's (`arguments`: op name ->
+    `TensorSpec` at the batch size; captured constants at their own) gets its shape.
+    `runtime=True` gives grappler the graph as the runtime optimises it: each argument a
+    read of a variable of its shape, the first dimension undefined for those in `batched`
+    (the batch's), which grappler takes as given where it takes a placeholder as a feed of
+    any shape (with such feeds it folds none of the shape arithmetic of a residual `Add`'s
+    gradient that the runtime folds). Names and order stay as traced.
+    """
+    tf = tfb.import_tf()
+    shaped = type(graph_def)()
+    shaped.CopyFrom(graph_def)
+    handles = []
+    for node in shaped.node:
+        spec = arguments.get(node.name)
+        if spec is not None and not runtime:
+            node.attr["shape"].shape.CopyFrom(tf.TensorShape(spec.shape).as_proto())
+        elif spec is not None:
+            dtype = node.attr["dtype"].type
+            node.op = "ReadVariableOp"
+            node.ClearField("attr")
+            node.attr["dtype"].type = dtype
+            node.input.append(f"{node.name}/memfit_feed")
+            shape = list(spec.shape)
+            if node.name in batched:
+                shape[0] = None
+            handles.append((f"{node.name}/memfit_feed", dtype, shape))
+        elif node.name in variables:
+            var = variables[node.name]
+            handles.append((node.name, tf.as_dtype(var.dtype).as_datatype_enum, var.shape))
+    where = {node.name: node for node in shaped.node}
+    for name, dtype, shape in handles:
+        node = where.get(name) or shaped.node.add()
+        node.name, node.op = name, "VarHandleOp"
+        node.ClearField("attr")
+        node.attr["dtype"].type = dtype
+        node.attr["shape"].shape.CopyFrom(tf.TensorShape(shape).as_proto())
+        node.attr["shared_name"].s = name.encode()
+    return shaped
+
+
+def import_graph(graph_def: Any) -> Any:
+    """`graph_def` as a `tf.Graph`: TensorFlow's shape inference sizes every tensor; no run."""
+    tf = tfb.import_tf()
+    graph = tf.Graph()
+    with graph.as_default():
+        tf.graph_util.import_graph_def(graph_def, name="")
+    return graph
 
 
 def trace_step(workload: Any, batch_size: int) -> StepGraph:
@@ -107,11 +170,14 @@ def start_trace(workload: Any, batch_size: int) -> TracedStep:
     tf = tfb.import_tf()
     model = workload.model
     specs = batch_specs(workload, batch_size)
+    # Traced as `model.fit` traces it: for batches of any size. Grappler then keeps what a
+    # fixed size lets it fold away (a residual `Add`'s gradient becomes an `Identity` that
+    # waits on both branches' shapes), and that graph is the one TensorFlow runs.
     function = tf.function(model.train_step, jit_compile=False)
-    concrete = function.get_concrete_function(specs)
-    graph = concrete.graph
+    concrete = function.get_concrete_function(batch_specs(workload, None))
+    traced = concrete.graph
     fetches = [t.name for t in concrete.outputs]
-    pending = TracedStep(graph.as_graph_def(), fetches)
+    graph_def = traced.as_graph_def()
     intra = intra_threads(tf)
 
     # Resource placeholders -> variable names.
@@ -131,16 +197,30 @@ def start_trace(workload: Any, batch_size: int) -> TracedStep:
         handle = getattr(inner, "handle", None)
         if handle is not None:
             by_handle[id(handle)] = var
-    tree = layer_tree(model)
-    owners = variable_owners(model, tree)
-    temps = initializer_temps(model)
-    variable_temps: dict[str, int] = {}
-    for external, internal in graph.captures:
+    captured: dict[str, Any] = {}  # placeholder op -> the variable whose handle it holds
+    for external, internal in traced.captures:
         var = by_handle.get(id(external))
         if var is None:
             continue
         name = getattr(var, "path", None) or var.name
         handle_to_var[internal.name] = name
+        captured[internal.op.name] = var
+    arguments = [t.name for t in traced.inputs if t.dtype != tf.resource]
+    inside = {internal.name for _, internal in traced.captures}
+    batch = [t for t in traced.inputs if t.name not in inside]  # the step's own arguments
+    fed = {t.op.name: spec for t, spec in zip(batch, tf.nest.flatten(specs), strict=True)}
+    for _, internal in traced.captures:  # captured constants: the runtime knows their shapes
+        if internal.op.type == "Placeholder" and internal.dtype != tf.resource:
+            fed.setdefault(internal.op.name, tf.TensorSpec(internal.shape, internal.dtype))
+    batched = frozenset(t.op.name for t in batch)
+    pending = TracedStep(
+        with_shapes(graph_def, fed, captured, runtime=True, batched=batched), fetches
+    )
+    graph = import_graph(with_shapes(graph_def, fed, captured, runtime=False))
+    tree = layer_tree(model)
+    owners = variable_owners(model, tree)
+    temps = initializer_temps(model)
+    variable_temps: dict[str, int] = {}
     for var in workload.state_variables():
         name = getattr(var, "path", None) or var.name
         nbytes = int(math.prod(var.shape)) * tf.as_dtype(var.dtype).size
@@ -152,6 +232,19 @@ def start_trace(workload: Any, batch_size: int) -> TracedStep:
     ops: list[OpInfo] = []
     effects: set[str] = set()
     for op in graph.get_operations():
+        if op.name in captured:  # a placeholder, made a VarHandleOp for its shape only
+            ops.append(
+                OpInfo(
+                    op.name,
+                    "Placeholder",
+                    [],
+                    [op.outputs[0].name],
+                    [0],
+                    alias=[None],
+                    output_shapes=[((), 0)],
+                )
+            )
+            continue
         if op.type in ASSIGN_OPS or (op.op_def is not None and op.op_def.is_stateful):
             effects.add(op.name)
         outputs = [t.name for t in op.outputs]
@@ -184,7 +277,6 @@ def start_trace(workload: Any, batch_size: int) -> TracedStep:
                 output_shapes=shapes,
             )
         )
-    arguments = [t.name for t in graph.inputs if t.dtype != tf.resource]
     argument_shapes = [tensor_shape(graph.get_tensor_by_name(n)) for n in arguments]
     step = StepGraph(
         ops=ops,
