@@ -53,6 +53,16 @@ for name, make in (("small_cnn", factories.small_cnn), ("flat_bn_sgd", flat_bn_s
     rows["refused"] = {
         str(size): at_batch_size(first, second, size) is None for size in (1, 3)
     }
+    # One trace sized again at another batch: the step a fresh trace at that batch gives,
+    # at sizes the two-trace rule refuses too.
+    pending = tf_trace.start_trace(workload, 8)
+    rows["sized"] = {
+        str(size): summary(pending.at_batch(size)) == summary(tf_trace.trace_step(workload, size))
+        for size in (3, 12)
+    }
+    rows["sized_ops"] = [op.name for op in pending.at_batch(12).ops] == [
+        op.name for op in pending.result().ops
+    ]
     results[name] = rows
 
 model = factories.small_cnn()
@@ -101,6 +111,12 @@ def test_a_step_made_from_two_traces_equals_a_fresh_trace(results, model):
     rows = results[model]
     for size in ("6", "40"):
         assert rows[size] == {"made": True, "same": True}, (size, rows)
+
+
+@pytest.mark.parametrize("model", ["small_cnn", "flat_bn_sgd"])
+def test_one_trace_sized_again_equals_a_fresh_trace(results, model):
+    assert results[model]["sized"] == {"3": True, "12": True}
+    assert results[model]["sized_ops"]
 
 
 @pytest.mark.parametrize("model", ["small_cnn", "flat_bn_sgd"])

@@ -33,23 +33,27 @@ plain = memfit.estimate(model, 8, samples=2)
 plain_events, events[:] = list(events), []
 est = memfit.estimate(model, 8, what_ifs=True, samples=2)
 rows = {row["change"]: row.get("peak_bytes") for row in est.what_ifs}
+what_if_events = list(events)
 fresh = memfit.estimate(model, 16, samples=0).peak_bytes
 emit({
-    "plain": plain_events, "events": events, "peak": est.peak_bytes,
+    "plain": plain_events, "events": what_if_events, "peak": est.peak_bytes,
     "plain_peak": plain.peak_bytes, "high": est.high_bytes, "plain_high": plain.high_bytes,
     "rows": rows, "fresh16": fresh, "trace_seconds": est.trace_seconds,
 })
 """
 
 
-def test_the_doubled_step_is_traced_before_waiting_for_the_base_steps_grappler():
+def test_the_next_step_is_traced_before_waiting_for_grappler_and_twice_the_batch_is_not():
     results = run_isolated(ORDER, env={"PYTHONPATH": TESTS})
     assert results["plain"] == [["trace", 8], ["grappler", 8]]
     events = [tuple(event) for event in results["events"]]
-    assert events[:3] == [("trace", 8), ("trace", 16), ("grappler", 8)]
-    assert ("grappler", 16) in events[3:]
+    # The recompute what-if is traced while grappler works on the base step; twice the
+    # batch, half of it and the largest batch's probes are the base trace sized again: the
+    # what-ifs trace no other batch size.
+    assert events[:3] == [("trace", 8), ("trace", 8), ("grappler", 8)]
+    assert {batch for kind, batch in events if kind == "trace"} == {8}
     # The order changes no figure: the base step is the one estimated alone.
     assert results["peak"] == results["plain_peak"]
     assert results["high"] == results["plain_high"]
-    assert results["rows"]["batch size 16"] == results["fresh16"]  # traced early, same step
+    assert results["rows"]["batch size 16"] == results["fresh16"]  # sized again: same step
     assert results["trace_seconds"] > 0

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from memfit.backend import tf as tfb
@@ -125,6 +126,7 @@ class TracedStep:
 
     def __init__(self, graph_def: Any, fetches: list[str]) -> None:
         self._nodes: dict[str, GrapplerNode] = {}
+        self._describe: Callable[[int], tuple[StepGraph, set[str]]] | None = None
         self._thread = threading.Thread(
             target=self._optimize, args=(graph_def, fetches), name="memfit-grappler", daemon=True
         )
@@ -136,9 +138,17 @@ class TracedStep:
     def _optimize(self, graph_def: Any, fetches: list[str]) -> None:
         self._nodes = grappler_graph(graph_def, fetches)
 
-    def described(self, step: StepGraph, effects: set[str]) -> None:
-        """Give the step as traced (before grappler) and the ops that run for their effects."""
-        self._step, self._effects = step, effects
+    def described(
+        self,
+        step: StepGraph,
+        effects: set[str],
+        describe: Callable[[int], tuple[StepGraph, set[str]]] | None = None,
+    ) -> None:
+        """Give the step as traced (before grappler) and the ops that run for their effects.
+
+        `describe(batch_size)` gives the same two at another batch size (see `at_batch`).
+        """
+        self._step, self._effects, self._describe = step, effects, describe
 
     def result(self) -> StepGraph:
         """The step graph, rewired and pruned as TensorFlow runs it (waits for grappler)."""
@@ -147,15 +157,38 @@ class TracedStep:
             raise RuntimeError("the step was not described yet")
         if not self._done:
             self._thread.join()
-            rewire_as_grappler(step.ops, self._nodes)
-            step.ops = prune_dead(
-                drop_identity_n(step.ops, step.fetches), step.fetches, self._effects
-            )
-            if step.layer_tree is not None:
-                step.layer_tree.choose_policy(op.name for op in step.ops)
-            step.node_rank = {name: node.rank for name, node in self._nodes.items()}
+            self._as_run(step, self._effects)
             self._done = True
         return step
+
+    def at_batch(self, batch_size: int) -> StepGraph:
+        """The same step at another batch size: sized again, not traced again.
+
+        The step is traced for batches of any size and grappler optimises it for any size
+        (see `start_trace`), so only the tensors' sizes change: TensorFlow's shape inference
+        gives them at `batch_size` (an import of the traced graph; no Keras trace, no
+        grappler pass). Waits for grappler like `result`.
+
+        Example:
+            ```python
+            pending = start_trace(workload, 32)
+            graph, doubled = pending.result(), pending.at_batch(64)
+            ```
+        """
+        self.result()
+        if self._describe is None:
+            raise RuntimeError("this step can be described at its own batch size only")
+        step, effects = self._describe(int(batch_size))
+        self._as_run(step, effects)
+        return step
+
+    def _as_run(self, step: StepGraph, effects: set[str]) -> None:
+        """Rewire and prune `step` as grappler's graph runs (grappler has finished)."""
+        rewire_as_grappler(step.ops, self._nodes)
+        step.ops = prune_dead(drop_identity_n(step.ops, step.fetches), step.fetches, effects)
+        if step.layer_tree is not None:
+            step.layer_tree.choose_policy(op.name for op in step.ops)
+        step.node_rank = {name: node.rank for name, node in self._nodes.items()}
 
 
 def start_trace(workload: Any, batch_size: int) -> TracedStep:
@@ -169,7 +202,6 @@ def start_trace(workload: Any, batch_size: int) -> TracedStep:
     """
     tf = tfb.import_tf()
     model = workload.model
-    specs = batch_specs(workload, batch_size)
     # Traced as `model.fit` traces it: for batches of any size. Grappler then keeps what a
     # fixed size lets it fold away (a residual `Add`'s gradient becomes an `Identity` that
     # waits on both branches' shapes), and that graph is the one TensorFlow runs.
@@ -208,15 +240,22 @@ def start_trace(workload: Any, batch_size: int) -> TracedStep:
     arguments = [t.name for t in traced.inputs if t.dtype != tf.resource]
     inside = {internal.name for _, internal in traced.captures}
     batch = [t for t in traced.inputs if t.name not in inside]  # the step's own arguments
-    fed = {t.op.name: spec for t, spec in zip(batch, tf.nest.flatten(specs), strict=True)}
-    for _, internal in traced.captures:  # captured constants: the runtime knows their shapes
-        if internal.op.type == "Placeholder" and internal.dtype != tf.resource:
-            fed.setdefault(internal.op.name, tf.TensorSpec(internal.shape, internal.dtype))
+    constants = {  # captured constants: the runtime knows their shapes
+        internal.op.name: tf.TensorSpec(internal.shape, internal.dtype)
+        for _, internal in traced.captures
+        if internal.op.type == "Placeholder" and internal.dtype != tf.resource
+    }
+
+    def fed(size: int) -> dict[str, Any]:
+        """Each argument's placeholder -> its `TensorSpec` at `size` samples."""
+        specs = tf.nest.flatten(batch_specs(workload, size))
+        shapes = {t.op.name: spec for t, spec in zip(batch, specs, strict=True)}
+        return {**constants, **shapes}
+
     batched = frozenset(t.op.name for t in batch)
     pending = TracedStep(
-        with_shapes(graph_def, fed, captured, runtime=True, batched=batched), fetches
+        with_shapes(graph_def, fed(batch_size), captured, runtime=True, batched=batched), fetches
     )
-    graph = import_graph(with_shapes(graph_def, fed, captured, runtime=False))
     tree = layer_tree(model)
     owners = variable_owners(model, tree)
     temps = initializer_temps(model)
@@ -228,72 +267,80 @@ def start_trace(workload: Any, batch_size: int) -> TracedStep:
         if id(var) in owners:
             variable_layers[name] = owners[id(var)]
         variable_temps[name] = temps.get(id(var), 0)
+    layers = _layer_names(model)
+    optimizer_name = str(getattr(model.optimizer, "name", "optimizer"))
 
-    ops: list[OpInfo] = []
-    effects: set[str] = set()
-    for op in graph.get_operations():
-        if op.name in captured:  # a placeholder, made a VarHandleOp for its shape only
+    def describe(size: int) -> tuple[StepGraph, set[str]]:
+        """The step's ops sized at `size` samples, and those that run for their effects."""
+        graph = import_graph(with_shapes(graph_def, fed(size), captured, runtime=False))
+        ops: list[OpInfo] = []
+        effects: set[str] = set()
+        for op in graph.get_operations():
+            if op.name in captured:  # a placeholder, made a VarHandleOp for its shape only
+                ops.append(
+                    OpInfo(
+                        op.name,
+                        "Placeholder",
+                        [],
+                        [op.outputs[0].name],
+                        [0],
+                        alias=[None],
+                        output_shapes=[((), 0)],
+                    )
+                )
+                continue
+            if op.type in ASSIGN_OPS or (op.op_def is not None and op.op_def.is_stateful):
+                effects.add(op.name)
+            outputs = [t.name for t in op.outputs]
+            shapes = [tensor_shape(t) for t in op.outputs]
+            alias: list[int | None] = [None] * len(outputs)
+            variable = None
+            if op.type in ALIAS_OPS and op.inputs:
+                alias = [min(i, len(op.inputs) - 1) for i in range(len(outputs))]
+            if op.type in NO_ALLOC_OPS:
+                shapes = [(dims, 0) for dims, _ in shapes]
+            if op.type == "ReadVariableOp" or op.type in ASSIGN_OPS:
+                variable = _resolve_handle(op.inputs[0], handle_to_var) if op.inputs else None
+            scratch = 0
+            if op.type in ("Conv2DBackpropInput", "Conv2DBackpropFilter"):
+                scratch = conv_backprop_scratch_bytes(op, intra)
+            else:
+                scratch = xla_grouped_conv_scratch_bytes(op)
             ops.append(
                 OpInfo(
-                    op.name,
-                    "Placeholder",
-                    [],
-                    [op.outputs[0].name],
-                    [0],
-                    alias=[None],
-                    output_shapes=[((), 0)],
+                    name=op.name,
+                    type=op.type,
+                    inputs=[t.name for t in op.inputs],
+                    outputs=outputs,
+                    output_bytes=[shape_bytes(shape) for shape in shapes],
+                    control_inputs=[c.name for c in op.control_inputs],
+                    alias=alias,
+                    forwards=op.type in FORWARDING_OPS,
+                    scratch_bytes=scratch,
+                    variable=variable,
+                    output_shapes=shapes,
                 )
             )
-            continue
-        if op.type in ASSIGN_OPS or (op.op_def is not None and op.op_def.is_stateful):
-            effects.add(op.name)
-        outputs = [t.name for t in op.outputs]
-        shapes = [tensor_shape(t) for t in op.outputs]
-        alias: list[int | None] = [None] * len(outputs)
-        variable = None
-        if op.type in ALIAS_OPS and op.inputs:
-            alias = [min(i, len(op.inputs) - 1) for i in range(len(outputs))]
-        if op.type in NO_ALLOC_OPS:
-            shapes = [(dims, 0) for dims, _ in shapes]
-        if op.type == "ReadVariableOp" or op.type in ASSIGN_OPS:
-            variable = _resolve_handle(op.inputs[0], handle_to_var) if op.inputs else None
-        scratch = 0
-        if op.type in ("Conv2DBackpropInput", "Conv2DBackpropFilter"):
-            scratch = conv_backprop_scratch_bytes(op, intra)
-        else:
-            scratch = xla_grouped_conv_scratch_bytes(op)
-        ops.append(
-            OpInfo(
-                name=op.name,
-                type=op.type,
-                inputs=[t.name for t in op.inputs],
-                outputs=outputs,
-                output_bytes=[shape_bytes(shape) for shape in shapes],
-                control_inputs=[c.name for c in op.control_inputs],
-                alias=alias,
-                forwards=op.type in FORWARDING_OPS,
-                scratch_bytes=scratch,
-                variable=variable,
-                output_shapes=shapes,
-            )
+        argument_shapes = [tensor_shape(graph.get_tensor_by_name(n)) for n in arguments]
+        step = StepGraph(
+            ops=ops,
+            arguments=arguments,
+            argument_bytes=[shape_bytes(shape) for shape in argument_shapes],
+            fetches=fetches,
+            variables=variables,
+            variable_layers=variable_layers,
+            layers=layers,
+            optimizer_name=optimizer_name,
+            inter_op_threads=concurrent_ops(tf),
+            variable_temps=variable_temps,
+            layer_tree=tree,
+            batch_size=int(size),
+            argument_shapes=argument_shapes,
         )
-    argument_shapes = [tensor_shape(graph.get_tensor_by_name(n)) for n in arguments]
-    step = StepGraph(
-        ops=ops,
-        arguments=arguments,
-        argument_bytes=[shape_bytes(shape) for shape in argument_shapes],
-        fetches=fetches,
-        variables=variables,
-        variable_layers=variable_layers,
-        layers=_layer_names(model),
-        optimizer_name=str(getattr(model.optimizer, "name", "optimizer")),
-        inter_op_threads=concurrent_ops(tf),
-        variable_temps=variable_temps,
-        layer_tree=tree,
-        batch_size=int(batch_size),
-        argument_shapes=argument_shapes,
-    )
-    pending.described(step, effects)
+        return step, effects
+
+    step, effects = describe(batch_size)
+    pending.described(step, effects, describe)
     return pending
 
 

@@ -7,9 +7,10 @@ model of TensorFlow's executor and BFC allocator (`memfit.estimation.simulate`,
 `peak_bytes`: the allocator's peak during a training step after one warm-up step, weights,
 optimizer state and the batch included.
 
-Trace once, replay many: the what-ifs at other batch sizes (and the search for the largest
-batch that fits) reuse the step traced at the batch asked for and at twice that batch
-(`memfit.backend.tf_graph.at_batch_size`), and grappler runs on a thread while the next
+Trace once, replay many: the step is traced once, for batches of any size; twice the batch
+is that trace sized again (`TracedStep.at_batch`), and the other batch sizes (and the
+search for the largest batch that fits) are made from the two
+(`memfit.backend.tf_graph.at_batch_size`). Grappler runs on a thread while the next
 what-if's step is traced (`memfit.backend.tf_trace.start_trace`). The high bound's samples
 replay in a forked child on the other core (`memfit.estimation.background`), and the garbage
 collector leaves alone what exists before the estimate and what each trace keeps
@@ -274,24 +275,25 @@ def _described(
 
 
 class _Steps:
-    """One workload's step at many batch sizes: traced at two, made from those at the rest."""
+    """One workload's step at many batch sizes: sized from one trace, made from two sizes."""
 
-    def __init__(self, workload: Workload, *traced: Any) -> None:
+    def __init__(self, workload: Workload, traced: Any, *sized: Any) -> None:
         self.workload = workload
-        self.traced = {int(graph.batch_size): graph for graph in traced}
+        self.pending = traced  # a `tf_trace.TracedStep`
+        self.sized = {int(graph.batch_size): graph for graph in sized}
 
     def estimate(self, batch_size: int) -> Estimate:
-        """The estimate at `batch_size`; traced only where the two traces cannot give it."""
+        """The estimate at `batch_size`: made from two sizes, else the trace sized again."""
         from memfit.backend.tf_graph import at_batch_size
 
         started = time.perf_counter()
-        graph = self.traced.get(batch_size)
-        if graph is None and len(self.traced) >= 2:
-            first, second = list(self.traced.values())[:2]
+        graph = self.sized.get(batch_size)
+        if graph is None and len(self.sized) >= 2:
+            first, second = list(self.sized.values())[:2]
             graph = at_batch_size(first, second, batch_size)
         traced = 0.0
         if graph is None:
-            graph = _start_trace(self.workload, batch_size).result()
+            graph = self.pending.at_batch(batch_size)
             traced = time.perf_counter() - started
         return _replayed(graph, self.workload, traced, started)
 
@@ -393,12 +395,14 @@ def estimate(
         tracing = time.perf_counter()  # the trace's time leaves the model's build out
         pending_base = _start_trace(workload, int(batch_size))
         traced = time.perf_counter() - tracing
-        doubled = None
+        early = None
         if what_ifs:
             # The first what-if's step is traced while grappler works on this one (on its
             # thread), instead of after waiting for it.
-            progress(f"what if: batch {batch_size * 2}")
-            doubled = _begin_trace(lambda: workload, {"batch_size": int(batch_size) * 2})
+            progress("what if: recompute sqrt")
+            early = _begin_trace(
+                lambda: workload, {"batch_size": int(batch_size), "recompute": "sqrt"}
+            )
         waiting = time.perf_counter()
         graph = pending_base.result()
         traced += time.perf_counter() - waiting
@@ -421,14 +425,14 @@ def estimate(
                 result.what_ifs = _what_ifs(
                     workload,
                     result,
-                    graph,
+                    pending_base,
                     build,
                     rebuild,
                     optimizer,
                     input_shape,
                     progress,
                     bounded,
-                    doubled,
+                    early,
                 )
                 bounded()
             except BaseException:
@@ -463,20 +467,22 @@ def _load(
 def _what_ifs(
     workload: Workload,
     base: Estimate,
-    graph: Any,
+    traced: Any,
     build: Callable[..., Workload],
     rebuild: bool,
     optimizer: Any,
     input_shape: InputShape | None,
     progress: Callable[[str], None],
     bounded: Callable[[], Estimate] | None = None,
-    doubled: tuple[Any, Workload | None, float] | None = None,
+    early: tuple[Any, Workload | None, float] | None = None,
 ) -> list[dict[str, Any]]:
     """The what-if rows of `base`, in the order they are shown.
 
-    `bounded()` gives `base` with its high bound (it may wait for the samples, which replay
-    in a child meanwhile); it is asked for only where a row needs the high-to-likely ratio.
-    `doubled` is the step at twice the batch when its trace has begun (`_begin_trace`).
+    `traced` is `base`'s traced step (a `tf_trace.TracedStep`): the other batch sizes are
+    sized from it, not traced again. `bounded()` gives `base` with its high bound (it may
+    wait for the samples, which replay in a child meanwhile); it is asked for only where a
+    row needs the high-to-likely ratio. `early` is the recompute step when its trace has
+    begun (`_begin_trace`).
     """
     rows: list[dict[str, Any]] = []
     highs: list[tuple[dict[str, Any], int]] = []  # rows whose high bound waits for the ratio
@@ -508,7 +514,6 @@ def _what_ifs(
     # The steps to trace, in the order the rows need them; each is traced while grappler
     # works on the one before it (on a thread: see `tf_trace.start_trace`).
     upcoming: list[tuple[str, Callable[[], Workload], Any]] = [
-        (f"batch {batch * 2}", lambda: workload, {"batch_size": batch * 2}),
         ("recompute sqrt", lambda: workload, {"batch_size": batch, "recompute": "sqrt"}),
     ]
     upcoming += [
@@ -533,12 +538,15 @@ def _what_ifs(
         step = pending.result()
         return _replayed(step, made, time.perf_counter() - since, since), step
 
-    if doubled is None:
+    if early is None:
         start_next()
     else:
-        started[upcoming.pop(0)[0]] = doubled
-    twice, doubled_step = finish(f"batch {batch * 2}")
-    steps = _Steps(workload, graph, doubled_step)
+        started[upcoming.pop(0)[0]] = early
+    progress(f"what if: batch {batch * 2}")
+    since = time.perf_counter()
+    doubled_step = traced.at_batch(batch * 2)  # the same trace, sized again
+    twice = _replayed(doubled_step, workload, time.perf_counter() - since, since)
+    steps = _Steps(workload, traced, traced.result(), doubled_step)
     by_size = {batch: base.peak_bytes}
     for size in sizes:
         est = twice if size == batch * 2 else steps.estimate(size)
