@@ -517,7 +517,15 @@ def _what_ifs(
         ("recompute sqrt", lambda: workload, {"batch_size": batch, "recompute": "sqrt"}),
     ]
     upcoming += [
-        (change, functools.partial(build, **kwargs), {"batch_size": batch})
+        (
+            change,
+            # Another optimizer trains the same layers: the model is compiled again, not
+            # rebuilt (it is memfit's own, built for these what-ifs).
+            functools.partial(_recompiled, workload, kwargs["optimizer"])
+            if set(kwargs) == {"optimizer"}
+            else functools.partial(build, **kwargs),
+            {"batch_size": batch},
+        )
         for change, kwargs in variants
     ]
     started: dict[str, tuple[Any, Workload | None, float]] = {}
@@ -597,6 +605,13 @@ def _begin_trace(
         return _start_trace(made, **kwargs), made, since
     except Exception as exc:  # noqa: BLE001 - reported in the what-if's row
         return exc, None, since
+
+
+def _recompiled(workload: Workload, optimizer: Any) -> Workload:
+    """`workload`'s model compiled with `optimizer` (its loss, batch and data kept)."""
+    return Workload(
+        workload.model, optimizer=optimizer, data=workload.data, input_shape=workload.input_shape
+    )
 
 
 def _variants(base: Estimate, rebuild: bool, optimizer: Any) -> list[tuple[str, dict[str, Any]]]:
