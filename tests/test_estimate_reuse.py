@@ -79,6 +79,18 @@ results["what_ifs"] = {
     "json_seconds": est.to_dict()["estimate_seconds"],
 }
 
+# The optimizer what-if compiles memfit's own model again instead of building it again: the
+# row equals a fresh estimate built with that optimizer.
+built = memfit.estimate("factories:small_cnn", 8, what_ifs=True, samples=0)
+other = [r for r in built.what_ifs if r["change"].startswith("optimizer ")][0]
+name = other["change"].split()[1]
+results["recompiled"] = {
+    "row": other.get("peak_bytes"),
+    "fresh": memfit.estimate("factories:small_cnn", 8, optimizer=name, samples=0).peak_bytes,
+    "base": built.peak_bytes,
+    "alone": memfit.estimate("factories:small_cnn", 8, samples=0).peak_bytes,
+}
+
 # The high bound's samples replayed partly or wholly in a forked child: the same bound.
 import gc
 from memfit.estimation.background import start_peak_range
@@ -117,6 +129,13 @@ def test_a_step_made_from_two_traces_equals_a_fresh_trace(results, model):
 def test_one_trace_sized_again_equals_a_fresh_trace(results, model):
     assert results[model]["sized"] == {"3": True, "12": True}
     assert results[model]["sized_ops"]
+
+
+def test_the_optimizer_what_if_recompiled_equals_a_fresh_build(results):
+    got = results["recompiled"]
+    assert got["row"] is not None and got["row"] == got["fresh"], got
+    assert got["row"] != got["base"]  # another optimizer: other slots
+    assert got["base"] == got["alone"]  # the base estimate is the one made alone
 
 
 @pytest.mark.parametrize("model", ["small_cnn", "flat_bn_sgd"])
