@@ -46,7 +46,10 @@ with assume_threads(2, 512):
 threaded = memfit.estimate(model, 16, samples=0, threads=(2, 512))
 after = tf_trace.trace_step(Workload(model), 16)
 none = memfit.estimate(model, 16, samples=0)
+raced = memfit.estimate(model, 16, samples=4, threads=(2, 2))
+raced_alone = memfit.estimate(model, 16, samples=0, threads=(2, 2))
 emit({
+    "raced": raced.to_dict(), "raced_alone": raced_alone.to_dict(),
     "likely": likely, "high": first.high_bytes, "samples": first.sample_bytes,
     "again": again.sample_bytes, "measured": measured.peak_bytes,
     "topological": [topological(o) for o in orders],
@@ -89,6 +92,29 @@ def test_the_measured_peak_is_within_the_high_bound(results):
 def test_no_samples_leaves_the_bound_out(results):
     assert results["no_samples"]["high_bytes"] is None
     assert results["no_samples"]["peak_bytes"] == results["estimate"]["peak_bytes"]
+
+
+def test_under_several_inter_op_threads_the_estimate_is_the_highest_replayed_step(results):
+    # Each step's order races under two inter-op threads: a run's peak is its highest
+    # step, so the estimate is the highest of the likely order and the sampled processes.
+    raced, alone = results["raced"], results["raced_alone"]
+    assert raced["order_peak_bytes"] == alone["peak_bytes"] == alone["order_peak_bytes"]
+    assert raced["peak_bytes"] > raced["order_peak_bytes"]  # a sampled process peaked higher
+    assert raced["peak_bytes"] <= max(raced["sample_peaks_bytes"])
+    # ... described as that process found it: what is live then sums to the peak.
+    assert sum(raced["breakdown"].values()) == raced["peak_bytes"]
+    assert raced["peak_moment"] != alone["peak_moment"] or raced["breakdown"] != (
+        alone["breakdown"]
+    )
+    assert raced["high_bytes"] >= raced["peak_bytes"]
+
+
+def test_under_one_inter_op_thread_the_estimate_is_the_likely_order(results):
+    # One inter-op thread: a process runs one order in every step, so the estimate stays the
+    # likely order's peak whatever the sampled processes give.
+    estimate = results["estimate"]
+    assert estimate["peak_bytes"] == estimate["order_peak_bytes"]
+    assert estimate["peak_bytes"] == results["no_samples"]["peak_bytes"]
 
 
 def test_threads_describe_another_machine_for_that_estimate_only(results):

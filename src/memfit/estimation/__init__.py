@@ -55,7 +55,10 @@ class Estimate:
     Attributes:
         batch_size: samples in the step.
         peak_bytes: predicted allocator peak of the step (weights, optimizer state and the
-            batch included), comparable with `Measurement.peak_bytes`.
+            batch included), comparable with `Measurement.peak_bytes`: the likely executor
+            order's peak, and under several inter-op threads, where each step's order is a
+            race, the highest step of the processes replayed (that order's and the sampled
+            ones': a run's peak is its highest step).
         breakdown: bytes live at the peak by category (`weights`, `optimizer_slots`,
             `other_state`, `inputs`, `activations` kept for the backward pass, `gradients`,
             `temporaries`, `workspace` of kernels, and `fragmentation`: what the BFC
@@ -74,6 +77,8 @@ class Estimate:
             (see `memfit.estimation.bounds`). `peak_bytes` is the likely peak; a card is safe
             to rent for the high bound.
         sample_peaks_bytes: the peak of each sampled process behind `high_bytes`.
+        order_peak_bytes: the likely executor order's peak alone (equal to `peak_bytes`
+            but where a sampled process peaked higher under several inter-op threads).
         trace_seconds: seconds spent tracing the step, grappler included (0 when it was
             made from the traces at two other batch sizes).
         estimate_seconds: seconds the estimate took, from loading the model to the last
@@ -94,6 +99,7 @@ class Estimate:
     high_bytes: int | None = None
     sample_peaks_bytes: list[int] = field(default_factory=list)
     estimate_seconds: float = 0.0
+    order_peak_bytes: int = 0
 
     @property
     def fits(self) -> bool | None:
@@ -106,7 +112,7 @@ class Estimate:
         """JSON-ready dict: sizes in bytes with `_bytes` keys."""
         return json_dict(
             self,
-            "batch_size peak_bytes high_bytes sample_peaks_bytes resident_bytes "
+            "batch_size peak_bytes high_bytes sample_peaks_bytes order_peak_bytes resident_bytes "
             "activations_kept_bytes breakdown per_layer peak_moment what_ifs budget fits "
             "input_shapes trace_seconds estimate_seconds",
             breakdown=suffixed(self.breakdown, "_bytes"),
@@ -244,34 +250,53 @@ def _bound(
     pending: PendingRange,
     on_sample: Callable[[int, int], None] | None = None,
 ) -> None:
-    """Give `estimate` its high bound once its samples are replayed (waits for the child)."""
+    """Give `estimate` its high bound once its samples are replayed (waits for the child).
+
+    Under several inter-op threads each step of a run races for its order, so the run's
+    peak is its highest step: where a sampled process peaked above the likely order, the
+    estimate becomes that process's peak and live set (see docs/estimate.md, "The range").
+    """
     bound = pending.result(estimate.peak_bytes, on_sample)
     estimate.high_bytes = bound.high_bytes
     estimate.sample_peaks_bytes = bound.sample_bytes
+    top = bound.highest
+    threads = int(getattr(pending.graph, "inter_op_threads", 1) or 1)
+    if top is not None and threads > 1:
+        peak = sum(_summarise(top)[0].values())
+        if peak > estimate.peak_bytes:
+            _describe_peak(estimate, top)
 
 
 def _described(
     result: Replay, graph: Any, workload: Workload, traced: float, started: float
 ) -> Estimate:
     """The likely replay of a step as an `Estimate` (no high bound yet)."""
-    breakdown, per_layer = _summarise(result)
-    return Estimate(
+    estimate = Estimate(
         batch_size=int(graph.batch_size),
-        peak_bytes=sum(breakdown.values()),
-        breakdown=breakdown,
-        per_layer=per_layer,
-        peak_moment={
-            "phase": result.peak_phase,
-            "layer": result.peak_layer,
-            "op": result.peak_op,
-            "op_type": result.peak_op_type,
-        },
-        resident_bytes=result.resident_bytes,
-        activations_kept_bytes=result.activations_kept_bytes,
+        peak_bytes=0,
+        breakdown={},
         input_shapes=[list(s) for s in _sample_shapes(workload)],
         trace_seconds=traced,
-        estimate_seconds=time.perf_counter() - started,
     )
+    _describe_peak(estimate, result)
+    estimate.order_peak_bytes = estimate.peak_bytes
+    estimate.estimate_seconds = time.perf_counter() - started
+    return estimate
+
+
+def _describe_peak(estimate: Estimate, result: Replay) -> None:
+    """Give `estimate` the peak of `result` (a replay of its step) and what is live then."""
+    breakdown, per_layer = _summarise(result)
+    estimate.peak_bytes = sum(breakdown.values())
+    estimate.breakdown, estimate.per_layer = breakdown, per_layer
+    estimate.peak_moment = {
+        "phase": result.peak_phase,
+        "layer": result.peak_layer,
+        "op": result.peak_op,
+        "op_type": result.peak_op_type,
+    }
+    estimate.resident_bytes = result.resident_bytes
+    estimate.activations_kept_bytes = result.activations_kept_bytes
 
 
 class _Steps:
@@ -487,10 +512,12 @@ def _what_ifs(
     rows: list[dict[str, Any]] = []
     highs: list[tuple[dict[str, Any], int]] = []  # rows whose high bound waits for the ratio
 
-    def ratio() -> float:
-        """Each what-if's high bound: its likely peak times the base step's high-to-likely."""
+    def ratio(to: str = "high_bytes") -> float:
+        """A what-if's figure from its likely order's peak: times the base step's ratio of
+        `to` (its high bound, or its peak: the highest replayed step) to its likely order's."""
         step = bounded() if bounded is not None else base
-        return step.high_bytes / step.peak_bytes if step.high_bytes and step.peak_bytes else 1.0
+        order = step.order_peak_bytes or step.peak_bytes
+        return (getattr(step, to) or order) / order if order else 1.0
 
     def row(change: str, est: Estimate | None, error: str | None = None) -> None:
         entry: dict[str, Any] = {"change": change}
@@ -498,8 +525,8 @@ def _what_ifs(
             entry.update(
                 batch_size=est.batch_size,
                 peak_bytes=est.peak_bytes,
-                high_bytes=None,  # filled in at the end, from the ratio
-                saved_bytes=base.peak_bytes - est.peak_bytes,
+                high_bytes=None,  # these two filled in at the end, from the ratios
+                saved_bytes=None,
                 activations_bytes=est.breakdown["activations"],
                 optimizer_slots_bytes=est.breakdown["optimizer_slots"],
             )
@@ -555,7 +582,7 @@ def _what_ifs(
     doubled_step = traced.at_batch(batch * 2)  # the same trace, sized again
     twice = _replayed(doubled_step, workload, time.perf_counter() - since, since)
     steps = _Steps(workload, traced, traced.result(), doubled_step)
-    by_size = {batch: base.peak_bytes}
+    by_size = {batch: base.order_peak_bytes or base.peak_bytes}
     for size in sizes:
         est = twice if size == batch * 2 else steps.estimate(size)
         by_size[size] = est.peak_bytes
@@ -563,19 +590,20 @@ def _what_ifs(
     if base.budget is not None:
         progress("what if: the largest batch for the budget")
         # The largest batch whose high bound fits: the answer a card can be rented on.
-        scale = ratio()
+        scale, run = ratio(), ratio("peak_bytes")
         largest = largest_fitting(
             lambda size: steps.estimate(size).peak_bytes,
             by_size,
             int(base.budget.usable_bytes / scale),
             max_probes=6,
         )
+        found = largest[1] is not None
         rows.append(
             {
                 "change": f"largest batch for {base.budget.name}",
                 "batch_size": largest[0],
-                "peak_bytes": largest[1],
-                "high_bytes": int(largest[1] * scale) if largest[1] is not None else None,
+                "peak_bytes": int(largest[1] * run) if found else None,
+                "high_bytes": int(largest[1] * scale) if found else None,
             }
         )
     for change in ["recompute sqrt"] + [change for change, _ in variants]:
@@ -585,9 +613,11 @@ def _what_ifs(
             row(change, None, _not_applicable(exc))
         else:
             row(change, est)
-    scale = ratio()
+    scale, run = ratio(), ratio("peak_bytes")
     for entry, peak in highs:
+        entry["peak_bytes"] = int(peak * run)
         entry["high_bytes"] = int(peak * scale)
+        entry["saved_bytes"] = base.peak_bytes - entry["peak_bytes"]
     return rows
 
 

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 from memfit.estimation.bounds import PeakRange, peak_range
+from memfit.estimation.step import Replay
 
 # Seconds a child that has not answered yet is waited for at least (see `_child_part`).
 CHILD_GRACE_S = 60.0
@@ -78,15 +79,16 @@ class PendingRange:
                     self.graph, self.region_bytes, self.seed, self.first, self.samples - self.first
                 )
                 with os.fdopen(write, "wb") as pipe:
-                    pipe.write(pickle.dumps((part.high_bytes, part.sample_bytes)))
+                    pipe.write(pickle.dumps((part.high_bytes, part.sample_bytes, part.highest)))
                 code = 0
             finally:
                 os._exit(code)
         os.close(write)
         self.pid, self.fd, self.started = pid, read, time.monotonic()
 
-    def _child_part(self) -> tuple[int, list[int]] | None:
-        """The child's (high bound, sample peaks); None when it did not run, failed or hung.
+    def _child_part(self) -> tuple[int, list[int], Replay | None] | None:
+        """The child's (high bound, sample peaks, highest sample's replay); None when it did
+        not run, failed or hung.
 
         A healthy child replays no slower than this process: it is given three times as long
         again as it has run so far (at least a minute), then stopped.
@@ -111,12 +113,12 @@ class PendingRange:
         _, status = os.waitpid(self.pid, 0)
         self.pid = None
         try:
-            high, peaks = pickle.loads(data) if status == 0 and data else (None, None)
+            high, peaks, top = pickle.loads(data) if status == 0 and data else (None, None, None)
         except (pickle.UnpicklingError, EOFError, ValueError, TypeError):
             return None
         if not isinstance(peaks, list) or len(peaks) != self.samples - self.first:
             return None
-        return int(high), [int(p) for p in peaks]
+        return int(high), [int(p) for p in peaks], top if isinstance(top, Replay) else None
 
     def result(
         self, likely_bytes: int, on_sample: Callable[[int, int], None] | None = None
@@ -147,10 +149,14 @@ class PendingRange:
         part = self._child_part()
         if part is None:
             replayed = _replayed(self.graph, self.region_bytes, self.seed, here, rest)
-            part = (replayed.high_bytes, replayed.sample_bytes)
+            part = (replayed.high_bytes, replayed.sample_bytes, replayed.highest)
         progress(self.samples, self.samples)
-        high, peaks = part
-        return PeakRange(likely_bytes, max(own.high_bytes, high), [*own.sample_bytes, *peaks])
+        high, peaks, top = part
+        tops = [r for r in (own.highest, top) if r is not None]
+        highest = max(tops, key=lambda r: r.peak_bytes) if tops else None
+        return PeakRange(
+            likely_bytes, max(own.high_bytes, high), [*own.sample_bytes, *peaks], highest
+        )
 
     def cancel(self) -> None:
         """Stop the child, if any, and forget its samples (an estimate that failed)."""

@@ -37,7 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from memfit.estimation.simulate import replay
+from memfit.estimation.simulate import Replay, replay
 
 # Processes replayed beside the likely one (each a warm-up history and an executor order).
 SAMPLES = 4
@@ -52,11 +52,16 @@ ALLOWANCE = 0.05
 
 @dataclass
 class PeakRange:
-    """The likely peak, the high bound, and each sampled process's peak (bytes)."""
+    """The likely peak, the high bound, and each sampled process's peak (bytes).
+
+    `highest` is the replay of the sampled process with the highest peak (its live set at
+    that peak; its order left out), None without samples.
+    """
 
     likely_bytes: int
     high_bytes: int
     sample_bytes: list[int] = field(default_factory=list)
+    highest: Replay | None = None
 
 
 def peak_range(
@@ -91,6 +96,7 @@ def peak_range(
     """
     peaks: list[int] = []
     raced = 0
+    top: Replay | None = None
     for i in range(samples):
         result = replay(
             graph,
@@ -101,9 +107,12 @@ def peak_range(
             race=i % 2 == 1,
         )
         peaks.append(result.peak_bytes)
+        if top is None or result.peak_bytes > top.peak_bytes:
+            result.order = []  # thousands of names nobody reads again (and the child pickles)
+            top = result
         if int(getattr(graph, "inter_op_threads", 1)) > 1:
             raced = max(raced, result.raced_peak_bytes)
         if on_sample is not None:
             on_sample(i + 1, samples)
     highest = max([likely_bytes, *peaks])
-    return PeakRange(likely_bytes, max(int(highest * (1 + ALLOWANCE)), raced), peaks)
+    return PeakRange(likely_bytes, max(int(highest * (1 + ALLOWANCE)), raced), peaks, top)
