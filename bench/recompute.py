@@ -69,15 +69,18 @@ try:
     recompute = "sqrt" if variant == "sqrt" else None
     report = str(memfit.recompute(model, "sqrt").report) if recompute else None
     m = memfit.measure(model, batch, data=data, repeats=repeats, recompute=recompute)
-    estimated = None
+    estimated = high = None
     if ESTIMATE and variant in ("plain", "sqrt"):
         from memfit.estimation import estimate_workload
+        from memfit.estimation.bounds import SAMPLES
         from memfit.workload import Workload
         workload = Workload(model, data=data)
-        estimated = estimate_workload(workload, batch, recompute=recompute).peak_bytes
+        # As `memfit estimate` does: the likely peak with the high bound's samples.
+        est = estimate_workload(workload, batch, recompute=recompute, samples=SAMPLES)
+        estimated, high = est.peak_bytes, est.high_bytes
     emit({"peak": m.peak_bytes, "resident": m.resident_bytes, "oom": m.oom,
           "step_seconds": m.step_seconds, "peaks": m.peaks_bytes, "report": report,
-          "estimate": estimated})
+          "estimate": estimated, "estimate_high": high})
 except Exception as exc:
     from memfit.estimation import _not_applicable
     emit({"error": _not_applicable(exc)})
@@ -187,6 +190,8 @@ def main() -> None:
         if row.get("estimate"):
             row["estimate_error"] = row["estimate"] / row["peak"] - 1
             estimated = f"{row['estimate'] / MIB:.0f} MiB ({row['estimate_error']:+.1%})"
+            if row.get("estimate_high"):
+                estimated += f", up to {row['estimate_high'] / MIB:.0f}"
         table.add_row(
             f"{row['model']} {row['side']} b{row['batch']}",
             row["variant"],

@@ -141,6 +141,12 @@ def _render_estimate(model: str, result: Any, check: dict[str, Any] | None) -> N
         f"[bold]{format_size(result.peak_bytes)}[/] — at the {moment.get('phase')} pass, layer "
         f"{moment.get('layer') or '-'} ({moment.get('op_type')})"
     )
+    if result.order_peak_bytes and result.peak_bytes > result.order_peak_bytes:
+        out.print(
+            "the highest step of the processes replayed: under several inter-op threads each "
+            "step's order is a race (the likely order alone peaks at "
+            f"{format_size(result.order_peak_bytes)})"
+        )
     if result.high_bytes:
         out.print(
             f"high bound [bold]{format_size(result.high_bytes)}[/] (the highest of "

@@ -78,7 +78,8 @@ class Estimate:
             to rent for the high bound.
         sample_peaks_bytes: the peak of each sampled process behind `high_bytes`.
         order_peak_bytes: the likely executor order's peak alone (equal to `peak_bytes`
-            but where a sampled process peaked higher under several inter-op threads).
+            but where a sampled process peaked higher under several inter-op threads; None
+            for an estimate not made by a replay).
         trace_seconds: seconds spent tracing the step, grappler included (0 when it was
             made from the traces at two other batch sizes).
         estimate_seconds: seconds the estimate took, from loading the model to the last
@@ -99,7 +100,7 @@ class Estimate:
     high_bytes: int | None = None
     sample_peaks_bytes: list[int] = field(default_factory=list)
     estimate_seconds: float = 0.0
-    order_peak_bytes: int = 0
+    order_peak_bytes: int | None = None
 
     @property
     def fits(self) -> bool | None:
