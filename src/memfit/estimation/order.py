@@ -58,6 +58,33 @@ def execution_order(graph: Any, seed: float | None = None) -> list[int]:
     return threaded_order(preds, edges, cheap, op_seconds(graph), threads)
 
 
+def execution_events(graph: Any, seed: float | None = None) -> list[int]:
+    """`execution_order` with each op's end: op `i` starts at `i`, ends at `~i` (negative).
+
+    With one inter-op thread an op ends before the next starts (`~i` right after `i`). With
+    several, `threaded_events`: an op ends when `threaded_order`'s clock says, and the ops
+    the other threads start meanwhile find its inputs still held, as the executor holds an
+    op's inputs until its kernel returns (a buffer a running op reads cannot be taken over
+    by another op, and a weight it reads is copied before an update).
+
+    Example:
+        >>> events = execution_events(graph)  # doctest: +SKIP
+        >>> [e for e in events if e >= 0] == execution_order(graph)  # doctest: +SKIP
+        True
+    """
+    ops = graph.ops
+    threads = max(1, int(getattr(graph, "inter_op_threads", 1) or 1))
+    if threads == 1:
+        return [e for i in execution_order(graph, seed) for e in (i, ~i)]
+    preds, succs, _ = op_dependencies(ops)
+    cheap = [op.type in INEXPENSIVE_OPS for op in ops]
+    edges = _edge_order(succs, ops, graph)
+    if seed is not None:
+        rng = random.Random(seed)
+        edges = [rng.sample(s, len(s)) for s in edges]
+    return threaded_events(preds, edges, cheap, op_seconds(graph), threads)
+
+
 def single_thread_order(
     preds: list[set[int]], succs: list[list[int]], cheap: list[bool]
 ) -> list[int]:
@@ -167,12 +194,33 @@ def threaded_order(
         ...                [True, False, False, False], [0.0, 1.0, 1.0, 1.0], 2)
         [0, 2, 1, 3]
     """
+    return [e for e in threaded_events(preds, succs, cheap, seconds, threads) if e >= 0]
+
+
+def threaded_events(
+    preds: list[set[int]],
+    succs: list[list[int]],
+    cheap: list[bool],
+    seconds: list[float],
+    threads: int,
+) -> list[int]:
+    """`threaded_order`'s starts and ends, by its clock: `i` starts op `i`, `~i` ends it.
+
+    An op ends `seconds[i]` after it starts; the ops other threads start in the meantime
+    come between its start and its end. Ends at one moment come before the starts then.
+
+    Example:
+        >>> threaded_events([set(), {0}, {0}, {1}], [[1, 2], [3], [], []],
+        ...                 [True, False, False, False], [0.0, 1.0, 2.0, 1.0], 2)
+        [0, -1, 2, 1, -2, 3, -3, -4]
+    """
     indegree = [len(p) for p in preds]
     inline: list[deque[int]] = [deque() for _ in range(threads)]
     queue: list[deque[int]] = [deque() for _ in range(threads)]  # left: newest
     busy = [False] * threads
-    events: list[tuple[float, int, int, int]] = []
+    clock: list[tuple[float, int, int, int]] = []
     order: list[int] = []
+    events: list[tuple[float, int]] = []  # (when, op that starts or ~op that ends)
     now = 0.0
 
     def schedule(worker: int, ready: list[int]) -> None:
@@ -211,14 +259,23 @@ def threaded_order(
                 continue
             busy[worker] = True
             order.append(op)
-            heapq.heappush(events, (now + seconds[op], len(order), worker, op))
+            events.append((now, op))
+            heapq.heappush(clock, (now + seconds[op], len(order), worker, op))
 
     # The step's first ops, as `single_thread_order` takes them: the first thread's.
     schedule(0, [i for i, count in enumerate(indegree) if count == 0])
     start_idle(0)
-    while events:
-        now, _, worker, op = heapq.heappop(events)
+    while clock:
+        now, _, worker, op = heapq.heappop(clock)
         busy[worker] = False
+        # Other threads' starts at this same moment come after this end (a thread whose op
+        # ended at this moment started its next one before this end was popped).
+        place = len(events)
+        while place and events[place - 1][0] == now and events[place - 1][1] not in (op, ~op):
+            if events[place - 1][1] < 0:
+                break  # another end at this moment: this one goes after it
+            place -= 1
+        events.insert(place, (now, ~op))
         ready = []
         for succ in succs[op]:
             indegree[succ] -= 1
@@ -227,7 +284,7 @@ def threaded_order(
         if ready:
             schedule(worker, ready)
         start_idle(worker)
-    return order
+    return [event for _, event in events]
 
 
 # Rough speeds of this model of a CPU step (`op_seconds`): what matters is which of two ops

@@ -38,6 +38,7 @@ from typing import Any
 from memfit.estimation.bfc import BFC
 from memfit.estimation.order import (
     INEXPENSIVE_OPS,
+    execution_events,
     execution_order,
     single_thread_order,
 )
@@ -116,7 +117,8 @@ def replay(
     (measured 123-125 after its first step), but puts MobileNetV2, ResNet50 and
     EfficientNetB0 at batch 2 4-6% above their measured peaks, where TensorFlow copied 12 to
     18 of MobileNetV2's 104 such weights a step. Which weights copy follows the threads'
-    timing, which the replay does not model finely enough to choose them.
+    timing. Without `rehome` the replay copies a weight where its clock runs the update
+    while a gradient that reads the weight is still running (`order.execution_events`).
 
     Known limit: with one inter-op thread the executor's order is fixed when a process
     instantiates the step but not the same in every process (an op with more than four
@@ -165,10 +167,10 @@ def _replay_once(
     if warmup:
         for _ in range(warmups if rng is not None else 1):
             seed = rng.random() if rng is not None else None
-            order = execution_order(graph, seed) if fixed else None
+            order = execution_events(graph, seed) if fixed else None
             StepRun(graph, bfc, variables, order, seed, race, copies).run()
     seed = rng.random() if rng is not None else None
-    order = execution_order(graph, seed) if fixed else None
+    order = execution_events(graph, seed) if fixed else None
     best: Replay | None = None
     held: list[Live] = []
     moved: set[str] = set()
@@ -226,9 +228,10 @@ def rehomed_updates(graph: Any) -> frozenset[int]:
     on the threads' timing, and a weight copied once stays where it went until it is copied
     again. The weights that can copy are those read by a backward op that their update
     does not wait for (every weight TensorFlow copied in those profiles is one); under
-    `replay(..., rehome=True)` they copy in every step. With one inter-op thread an op's
-    inputs are released before the next op runs, and `StepRun.assign` copies only while a
-    read is still to be consumed.
+    `replay(..., rehome=True)` they copy in every step. Otherwise `StepRun.assign` copies
+    only while a read is still held: with one inter-op thread an op's inputs are released
+    before the next op runs; with several, when the reading op ends on the threads' clock
+    (`order.execution_events`).
 
     Args:
         graph: the traced step (`memfit.backend.tf_graph.StepGraph`); the result is cached

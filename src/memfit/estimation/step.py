@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from memfit.estimation.bfc import BFC
-from memfit.estimation.order import depends_on, execution_order
+from memfit.estimation.order import depends_on, execution_events
 
 GRANULE = 256
 
@@ -138,15 +138,19 @@ class StepRun:
     a buffer: a view of an input, an input buffer it takes over, or a new allocation),
     `work` (its kernel's scratch is held, and the op beside it; the peak is noted) and
     `finish` (inputs whose last consumer it was, and outputs nothing reads, are freed).
-    A buffer is live from its allocation until its last reference goes; the variables'
+    An order with ends (`order.execution_events`) finishes an op at its end: under several
+    inter-op threads the ops the other threads start meanwhile find its inputs still held
+    (they cannot take such a buffer over, and an update copies a weight it still reads). A
+    buffer is live from its allocation until its last reference goes; the variables'
     buffers hold one reference each for the life of the step.
 
     Args:
         graph: the traced step (`memfit.backend.tf_graph.StepGraph`).
         bfc: the allocator, in the state the steps before left it.
         variables: each variable's buffer in `bfc` (None: no variables).
-        order: op indices in the order to run them (None: grappler's order, or under `race`
-            a ready queue).
+        order: op indices in the order to run them, with `~i` where op `i` ends (without
+            any, each op ends as it starts); None: `order.execution_events`, or under `race`
+            a ready queue.
         seed: another process's order: the ready queue's successors are shuffled by it.
         race: under several inter-op threads, run a ready queue instead of a fixed order.
         copies: update ops that copy their variable to a new buffer whatever the reads
@@ -229,12 +233,15 @@ class StepRun:
         self.position: dict[int, int] = {}
         self.fixed = order is not None or self.threads == 1 or not race
         if self.fixed:
-            self.ready = deque(order if order is not None else execution_order(graph))
+            self.ready = deque(order if order is not None else execution_events(graph))
+            # An order with ends (`~i`) lets an op's inputs go at its end, not at its start.
+            self.ends = any(e < 0 for e in self.ready)
             ready_now = (i for i in range(len(self.ops)) if self.indegree[i] == 0)
             self.queued = set(ready_now) if self.threads > 1 else set()
         else:
             self.ready = deque(i for i in range(len(self.ops)) if self.indegree[i] == 0)
             self.queued = set(self.ready)
+            self.ends = False
 
     # Buffers.
 
@@ -431,13 +438,17 @@ class StepRun:
         ops, result, ready = self.ops, self.result, self.ready
         while ready:
             i = ready.popleft()
+            if i < 0:  # the op's end (`order.execution_events`): its inputs are let go now
+                self.finish(~i)
+                continue
             self.queued.discard(i)
             op = ops[i]
             self.position[i] = len(result.order)
             result.order.append(op.name)
             if self.start(i, op):
                 self.work(i, op)
-            self.finish(i)
+            if not self.ends:
+                self.finish(i)
         # The step's results go back to the caller, who frees them before the next step.
         kept = set(self.held.values())
         for buffer, count in list(self.refs.items()):
