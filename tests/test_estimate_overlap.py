@@ -1,4 +1,4 @@
-"""Ops side by side under several inter-op threads: an op holds its inputs until it ends.
+"""Ops side by side under several threads: inputs held to the op's end, reductions' cost.
 
 MobileNetV2's recompute step (224 px, batch 64, two inter-op threads) peaks in
 block_1_expand_BN's gradient. TensorFlow's allocator records hold five 150 MiB tensors there
@@ -13,9 +13,13 @@ from __future__ import annotations
 
 import math
 
+import pytest
+
 from memfit.backend.tf_graph import OpInfo, StepGraph
+from memfit.estimation import order
 from memfit.estimation.bfc import BFC
-from memfit.estimation.order import execution_events, execution_order
+from memfit.estimation.order import execution_events, execution_order, op_seconds
+from memfit.estimation.simulate import replay
 from memfit.estimation.step import StepRun
 
 MIB = 1 << 20
@@ -89,3 +93,30 @@ def test_execution_events_start_as_the_order_and_end_each_op_once():
     # One thread: each op ends before the next starts.
     events = execution_events(_bn_gradient(threads=1))
     assert all(events[k] == ~events[k - 1] for k in range(1, len(events), 2))
+
+
+def test_an_outer_reduction_costs_more_than_an_elementwise_product():
+    # On this CPU `sum(x, axis=[0, 1, 2])` of an NHWC tensor took 0.9-1.8 times `x * g`;
+    # a sum over the channels a fifth to four fifths of it.
+    graph = _bn_gradient(threads=2)
+    graph.ops.append(_op("inner", "Sum", ["gradient_tape/dy:0"], IMAGE[:-1]))
+    seconds = op_seconds(graph)
+    names = [op.name for op in graph.ops]
+    outer = seconds[names.index("gradient_tape/sum")]
+    product = seconds[names.index("gradient_tape/dyx")]
+    assert product < outer < 2 * product
+    assert seconds[names.index("inner")] < product / 2
+
+
+def test_the_bn_gradient_replays_the_product_beside_the_sum(monkeypatch: pytest.MonkeyPatch):
+    # The other thread ends `dx` before `sum` ends and starts `dyx`, which cannot take `dy`
+    # over: x, dy, dx, dyx and the mean's gradient live together, as in TensorFlow's records.
+    result = replay(_bn_gradient(threads=2), warmup=False)
+    assert result.step_peak_bytes >= 5 * 16 * MIB
+    assert result.peak_op == "gradient_tape/mean"
+    # With one thread nothing runs beside it.
+    assert replay(_bn_gradient(threads=1), warmup=False).step_peak_bytes < 4 * 16 * MIB
+    # Costed by its bytes alone the sum ends first, `dyx` starts after `dx` and `sum` have
+    # let `dy` go and takes it over: a buffer fewer (the replay before).
+    monkeypatch.setattr(order, "OUTER_REDUCTION_BYTES", 1)
+    assert replay(_bn_gradient(threads=2), warmup=False).step_peak_bytes < 5 * 16 * MIB
