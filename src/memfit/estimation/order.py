@@ -45,14 +45,7 @@ def execution_order(graph: Any, seed: float | None = None) -> list[int]:
         >>> [graph.ops[i].name for i in execution_order(graph)][:3]  # doctest: +SKIP
         ['data', 'model/conv/ReadVariableOp', 'model/conv/Conv2D']
     """
-    ops = graph.ops
-    preds, succs, _ = op_dependencies(ops)
-    cheap = [op.type in INEXPENSIVE_OPS for op in ops]
-    edges = _edge_order(succs, ops, graph)
-    if seed is not None:
-        rng = random.Random(seed)
-        edges = [rng.sample(s, len(s)) for s in edges]
-    threads = max(1, int(getattr(graph, "inter_op_threads", 1) or 1))
+    preds, edges, cheap, threads = _executor_inputs(graph, seed)
     if threads == 1:
         return single_thread_order(preds, edges, cheap)
     return threaded_order(preds, edges, cheap, op_seconds(graph), threads)
@@ -72,17 +65,27 @@ def execution_events(graph: Any, seed: float | None = None) -> list[int]:
         >>> [e for e in events if e >= 0] == execution_order(graph)  # doctest: +SKIP
         True
     """
-    ops = graph.ops
-    threads = max(1, int(getattr(graph, "inter_op_threads", 1) or 1))
+    preds, edges, cheap, threads = _executor_inputs(graph, seed)
     if threads == 1:
-        return [e for i in execution_order(graph, seed) for e in (i, ~i)]
+        return [e for i in single_thread_order(preds, edges, cheap) for e in (i, ~i)]
+    return threaded_events(preds, edges, cheap, op_seconds(graph), threads)
+
+
+def _executor_inputs(
+    graph: Any, seed: float | None
+) -> tuple[list[set[int]], list[list[int]], list[bool], int]:
+    """What the executor's order follows: each op's predecessors, its successors in the
+    order the executor meets them (drawn from `seed` when given), whether its kernel is
+    inexpensive, and the inter-op threads."""
+    ops = graph.ops
     preds, succs, _ = op_dependencies(ops)
     cheap = [op.type in INEXPENSIVE_OPS for op in ops]
     edges = _edge_order(succs, ops, graph)
     if seed is not None:
         rng = random.Random(seed)
         edges = [rng.sample(s, len(s)) for s in edges]
-    return threaded_events(preds, edges, cheap, op_seconds(graph), threads)
+    threads = max(1, int(getattr(graph, "inter_op_threads", 1) or 1))
+    return preds, edges, cheap, threads
 
 
 def single_thread_order(
