@@ -126,6 +126,7 @@ class TracedStep:
 
     def __init__(self, graph_def: Any, fetches: list[str]) -> None:
         self._nodes: dict[str, GrapplerNode] = {}
+        self._rank: dict[str, int] | None = None
         self._describe: Callable[[int], tuple[StepGraph, set[str]]] | None = None
         self._thread = threading.Thread(
             target=self._optimize, args=(graph_def, fetches), name="memfit-grappler", daemon=True
@@ -188,7 +189,9 @@ class TracedStep:
         step.ops = prune_dead(drop_identity_n(step.ops, step.fetches), step.fetches, effects)
         if step.layer_tree is not None:
             step.layer_tree.choose_policy(op.name for op in step.ops)
-        step.node_rank = {name: node.rank for name, node in self._nodes.items()}
+        if self._rank is None:  # grappler's graph is the same at every batch size
+            self._rank = {name: node.rank for name, node in self._nodes.items()}
+        step.node_rank = self._rank
 
 
 def start_trace(workload: Any, batch_size: int) -> TracedStep:
@@ -206,7 +209,8 @@ def start_trace(workload: Any, batch_size: int) -> TracedStep:
     # fixed size lets it fold away (a residual `Add`'s gradient becomes an `Identity` that
     # waits on both branches' shapes), and that graph is the one TensorFlow runs.
     function = tf.function(model.train_step, jit_compile=False)
-    concrete = function.get_concrete_function(batch_specs(workload, None))
+    specs = batch_specs(workload, None)  # made from one sample, once
+    concrete = function.get_concrete_function(specs)
     traced = concrete.graph
     fetches = [t.name for t in concrete.outputs]
     graph_def = traced.as_graph_def()
@@ -248,8 +252,10 @@ def start_trace(workload: Any, batch_size: int) -> TracedStep:
 
     def fed(size: int) -> dict[str, Any]:
         """Each argument's placeholder -> its `TensorSpec` at `size` samples."""
-        specs = tf.nest.flatten(batch_specs(workload, size))
-        shapes = {t.op.name: spec for t, spec in zip(batch, specs, strict=True)}
+        sized = [
+            tf.TensorSpec([size, *spec.shape[1:]], spec.dtype) for spec in tf.nest.flatten(specs)
+        ]
+        shapes = {t.op.name: spec for t, spec in zip(batch, sized, strict=True)}
         return {**constants, **shapes}
 
     batched = frozenset(t.op.name for t in batch)

@@ -263,9 +263,9 @@ def _bound(
     top = bound.highest
     threads = int(getattr(pending.graph, "inter_op_threads", 1) or 1)
     if top is not None and threads > 1:
-        peak = sum(_summarise(top)[0].values())
-        if peak > estimate.peak_bytes:
-            _describe_peak(estimate, top)
+        summary = _summarise(top)
+        if sum(summary[0].values()) > estimate.peak_bytes:
+            _describe_peak(estimate, top, summary)
 
 
 def _described(
@@ -285,9 +285,14 @@ def _described(
     return estimate
 
 
-def _describe_peak(estimate: Estimate, result: Replay) -> None:
-    """Give `estimate` the peak of `result` (a replay of its step) and what is live then."""
-    breakdown, per_layer = _summarise(result)
+def _describe_peak(
+    estimate: Estimate,
+    result: Replay,
+    summary: tuple[dict[str, int], list[dict[str, Any]]] | None = None,
+) -> None:
+    """Give `estimate` the peak of `result` (a replay of its step) and what is live then
+    (`summary`: `_summarise(result)`, when already made)."""
+    breakdown, per_layer = summary or _summarise(result)
     estimate.peak_bytes = sum(breakdown.values())
     estimate.breakdown, estimate.per_layer = breakdown, per_layer
     estimate.peak_moment = {
@@ -305,7 +310,7 @@ class _Steps:
 
     def __init__(self, workload: Workload, traced: Any, *sized: Any) -> None:
         self.workload = workload
-        self.pending = traced  # a `tf_trace.TracedStep`
+        self.traced = traced  # a `tf_trace.TracedStep`
         self.sized = {int(graph.batch_size): graph for graph in sized}
 
     def estimate(self, batch_size: int) -> Estimate:
@@ -319,7 +324,7 @@ class _Steps:
             graph = at_batch_size(first, second, batch_size)
         traced = 0.0
         if graph is None:
-            graph = self.pending.at_batch(batch_size)
+            graph = self.traced.at_batch(batch_size)
             traced = time.perf_counter() - started
         return _replayed(graph, self.workload, traced, started)
 
