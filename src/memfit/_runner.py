@@ -304,6 +304,10 @@ class ChildWorker:
         self.starts += 1
         threading.Thread(target=self._read, args=(self._proc,), daemon=True).start()
 
+    def wait_ready(self) -> None:
+        """Start the child if needed and wait until it has prepared (its error raised here)."""
+        self._ensure_ready()
+
     def _ensure_ready(self) -> None:
         if self._proc is None or self._proc.poll() is not None:
             self.start()

@@ -27,8 +27,9 @@ from memfit.workload_spec import WorkloadSpec
     "--what-ifs/--no-what-ifs",
     default=True,
     show_default=True,
-    help="Also predict other batch sizes, the largest batch for the budget, and (for "
-    "factories and built-ins) mixed precision, remat, the other optimizer, smaller inputs.",
+    help="Also predict other batch sizes, the largest batch for the budget, memfit's "
+    "recompute, and (for factories and built-ins, in a second process) mixed precision, "
+    "the other optimizer, a smaller input.",
 )
 @count_option(
     "--samples",
@@ -179,9 +180,11 @@ def _render_estimate(model: str, result: Any, check: dict[str, Any] | None) -> N
         whatif.add_column("up to", justify="right")
         whatif.add_column("saves", justify="right")
         for row in result.what_ifs:
-            if "error" in row:
-                # "not applicable: <why>", whole: the table wraps it (issue 20).
-                whatif.add_row(row["change"], "", "n/a", "", row["error"].splitlines()[0])
+            if "error" in row or "note" in row:
+                # "not applicable: <why>", or why a row is not estimated, whole: the table
+                # wraps it (issue 20).
+                why = row.get("error") or row["note"]
+                whatif.add_row(row["change"], "", "n/a", "", why.splitlines()[0])
                 continue
             saved = row.get("saved_bytes")
             whatif.add_row(

@@ -36,6 +36,7 @@ from memfit.checks import check_batch_size, check_threads
 from memfit.errors import WorkloadError
 from memfit.estimation.background import PendingRange, start_peak_range
 from memfit.estimation.bounds import SAMPLES
+from memfit.estimation.helper import WhatIfQueue
 from memfit.estimation.simulate import Replay, replay
 from memfit.search.strategy import largest_fitting
 from memfit.serialize import json_dict, suffixed
@@ -373,9 +374,10 @@ def estimate(
         precision: Keras dtype policy to build the model under (`mixed_float16`, ...).
         remat: `keras.RematScope` mode to build the model under.
         classes: classes of a built-in model.
-        what_ifs: also predict other batch sizes, the largest batch for the budget, and (for
-            MODEL strings that build the model) mixed precision, remat modes, SGD vs Adam
-            and a smaller input resolution.
+        what_ifs: also predict other batch sizes, the largest batch for the budget, memfit's
+            recompute, and (for MODEL strings that build the model) mixed precision, SGD vs
+            Adam and a smaller input resolution; those rebuilt models are traced in a helper
+            process beside this one where one can help (see `memfit.estimation.helper`).
         samples: other processes to replay for the high bound (`Estimate.high_bytes`);
             0 leaves it out. What-ifs scale their high bound by the base step's
             high-to-likely ratio instead of sampling again.
@@ -419,15 +421,33 @@ def estimate(
         progress(f"the high bound: process {done} of {total} replayed")
 
     assumed = assume_threads(*check_threads(threads)) if threads else contextlib.nullcontext()
-    with assumed, _young_collections():
+    with assumed, _young_collections(), contextlib.ExitStack() as stack:
         started = time.perf_counter()
+        queue = None
+        if what_ifs:
+            # A helper process starts now (TensorFlow's import there overlaps this trace)
+            # and takes the what-ifs that rebuild the model beside this process.
+            named = {
+                "input_shape": input_shape,
+                "optimizer": optimizer,
+                "loss": loss,
+                "classes": classes,
+                "precision": precision,
+                "remat": remat,
+                "data": data,
+            }
+            queue = WhatIfQueue(_helper(model, batch_size, named) if rebuild else None)
+            stack.callback(queue.close)
         progress(f"tracing the step at batch {batch_size}")
         workload = build()
+        variants = _variants(_sample_shapes(workload), optimizer) if rebuild else []
+        if queue is not None:
+            queue.add(_queue_order(variants))
         tracing = time.perf_counter()  # the trace's time leaves the model's build out
         pending_base = _start_trace(workload, int(batch_size))
         traced = time.perf_counter() - tracing
         early = None
-        if what_ifs:
+        if queue is not None:
             # The first what-if's step is traced while grappler works on this one (on its
             # thread), instead of after waiting for it.
             progress("what if: recompute sqrt")
@@ -437,7 +457,7 @@ def estimate(
         waiting = time.perf_counter()
         graph = pending_base.result()
         traced += time.perf_counter() - waiting
-        if not what_ifs:
+        if queue is None:
             result = _replayed(graph, workload, traced, started, samples=samples, on_sample=sampled)
         else:
             # The samples replay in a child while this process goes on with the what-ifs;
@@ -458,9 +478,8 @@ def estimate(
                     result,
                     pending_base,
                     build,
-                    rebuild,
-                    optimizer,
-                    input_shape,
+                    variants,
+                    queue,
                     progress,
                     bounded,
                     early,
@@ -500,9 +519,8 @@ def _what_ifs(
     base: Estimate,
     traced: Any,
     build: Callable[..., Workload],
-    rebuild: bool,
-    optimizer: Any,
-    input_shape: InputShape | None,
+    variants: list[tuple[str, dict[str, Any]]],
+    queue: WhatIfQueue,
     progress: Callable[[str], None],
     bounded: Callable[[], Estimate] | None = None,
     early: tuple[Any, Workload | None, float] | None = None,
@@ -510,10 +528,12 @@ def _what_ifs(
     """The what-if rows of `base`, in the order they are shown.
 
     `traced` is `base`'s traced step (a `tf_trace.TracedStep`): the other batch sizes are
-    sized from it, not traced again. `bounded()` gives `base` with its high bound (it may
-    wait for the samples, which replay in a child meanwhile); it is asked for only where a
-    row needs the high-to-likely ratio. `early` is the recompute step when its trace has
-    begun (`_begin_trace`).
+    sized from it, not traced again. `variants` are the what-ifs that rebuild the model, in
+    `queue`, which a helper process may be taking them from meanwhile (see
+    `memfit.estimation.helper`); this process makes the rest. `bounded()` gives `base` with
+    its high bound (it may wait for the samples, which replay in a child meanwhile); it is
+    asked for only where a row needs the high-to-likely ratio. `early` is the recompute
+    step when its trace has begun (`_begin_trace`).
     """
     rows: list[dict[str, Any]] = []
     highs: list[tuple[dict[str, Any], int]] = []  # rows whose high bound waits for the ratio
@@ -525,64 +545,34 @@ def _what_ifs(
         order = step.order_peak_bytes or step.peak_bytes
         return (getattr(step, to) or order) / order if order else 1.0
 
-    def row(change: str, est: Estimate | None, error: str | None = None) -> None:
+    def row(change: str, figures: dict[str, Any]) -> None:
         entry: dict[str, Any] = {"change": change}
-        if est is not None:
-            entry.update(
-                batch_size=est.batch_size,
-                peak_bytes=est.peak_bytes,
-                high_bytes=None,  # these two filled in at the end, from the ratios
-                saved_bytes=None,
-                activations_bytes=est.breakdown["activations"],
-                optimizer_slots_bytes=est.breakdown["optimizer_slots"],
-            )
-            highs.append((entry, est.peak_bytes))
-        if error:
-            entry["error"] = error
+        if "error" in figures:
+            entry["error"] = figures["error"]
+        else:
+            # high_bytes and saved_bytes are filled in at the end, from the ratios
+            entry.update(figures, high_bytes=None, saved_bytes=None)
+            highs.append((entry, figures["peak_bytes"]))
         rows.append(entry)
+
+    def begin(change: str, kwargs: dict[str, Any]) -> tuple[str, Any]:
+        progress(f"what if: {change}")
+        if set(kwargs) == {"optimizer"}:
+            # Another optimizer trains the same layers: the model is compiled again, not
+            # rebuilt (it is memfit's own, built for these what-ifs).
+            return change, _begin_trace(
+                functools.partial(_recompiled, workload, kwargs["optimizer"]), {"batch_size": batch}
+            )
+        return change, _begin_trace(functools.partial(build, **kwargs), {"batch_size": batch})
 
     batch = base.batch_size
     sizes = sorted({max(1, batch // 2), batch * 2} - {batch})
-    variants = _variants(base, rebuild, optimizer) if rebuild else []
-    # The steps to trace, in the order the rows need them; each is traced while grappler
-    # works on the one before it (on a thread: see `tf_trace.start_trace`).
-    upcoming: list[tuple[str, Callable[[], Workload], Any]] = [
-        ("recompute sqrt", lambda: workload, {"batch_size": batch, "recompute": "sqrt"}),
-    ]
-    upcoming += [
-        (
-            change,
-            # Another optimizer trains the same layers: the model is compiled again, not
-            # rebuilt (it is memfit's own, built for these what-ifs).
-            functools.partial(_recompiled, workload, kwargs["optimizer"])
-            if set(kwargs) == {"optimizer"}
-            else functools.partial(build, **kwargs),
-            {"batch_size": batch},
-        )
-        for change, kwargs in variants
-    ]
-    started: dict[str, tuple[Any, Workload | None, float]] = {}
-
-    def start_next() -> None:
-        if not upcoming:
-            return
-        change, make, kwargs = upcoming.pop(0)
-        progress(f"what if: {change}")
-        started[change] = _begin_trace(make, kwargs)
-
-    def finish(change: str) -> tuple[Estimate, Any]:
-        """The what-if's estimate and step (raises what tracing it raised)."""
-        pending, made, since = started.pop(change)
-        start_next()
-        if isinstance(pending, Exception):
-            raise pending
-        step = pending.result()
-        return _replayed(step, made, time.perf_counter() - since, since), step
-
+    # This process's what-ifs in turn, each traced while grappler works on the one before
+    # it (on a thread: see `tf_trace.start_trace`); the recompute step is this model's.
     if early is None:
-        start_next()
-    else:
-        started[upcoming.pop(0)[0]] = early
+        progress("what if: recompute sqrt")
+        early = _begin_trace(lambda: workload, {"batch_size": batch, "recompute": "sqrt"})
+    current: tuple[str, Any] | None = ("recompute sqrt", early)
     progress(f"what if: batch {batch * 2}")
     since = time.perf_counter()
     doubled_step = traced.at_batch(batch * 2)  # the same trace, sized again
@@ -592,7 +582,7 @@ def _what_ifs(
     for size in sizes:
         est = twice if size == batch * 2 else steps.estimate(size)
         by_size[size] = est.peak_bytes
-        row(f"batch size {size}", est)
+        row(f"batch size {size}", what_if_figures(est))
     if base.budget is not None:
         progress("what if: the largest batch for the budget")
         # The largest batch whose high bound fits: the answer a card can be rented on.
@@ -612,19 +602,67 @@ def _what_ifs(
                 "high_bytes": int(largest[1] * scale) if found else None,
             }
         )
+    made: dict[str, dict[str, Any]] = {}
+    while current is not None:
+        change, started = current
+        upcoming = queue.take()
+        current = begin(*upcoming) if upcoming is not None else None
+        made[change] = _made_here(started)
+        if current is None:
+            if queue.busy:
+                progress("what ifs: waiting for the other process's last")
+            upcoming = queue.wait()  # the helper is done, or gave one back
+            current = begin(*upcoming) if upcoming is not None else None
+    made.update(queue.finish())
     for change in ["recompute sqrt"] + [change for change, _ in variants]:
-        try:
-            est, _ = finish(change)
-        except Exception as exc:  # noqa: BLE001 - a variant that cannot be traced is reported
-            row(change, None, _not_applicable(exc))
-        else:
-            row(change, est)
+        row(change, made[change])
+    if variants:  # the model is rebuilt for the what-ifs: RematScope could apply
+        rows.append({"change": "remat (keras.RematScope)", "note": REMAT_SCOPE_NOTE})
     scale, run = ratio(), ratio("peak_bytes")
     for entry, peak in highs:
         entry["peak_bytes"] = int(peak * run)
         entry["high_bytes"] = int(peak * scale)
         entry["saved_bytes"] = base.peak_bytes - entry["peak_bytes"]
     return rows
+
+
+def what_if_figures(est: Estimate) -> dict[str, Any]:
+    """A what-if row's figures of the estimate of its step (before the base's ratios)."""
+    return {
+        "batch_size": est.batch_size,
+        "peak_bytes": est.peak_bytes,
+        "activations_bytes": est.breakdown["activations"],
+        "optimizer_slots_bytes": est.breakdown["optimizer_slots"],
+    }
+
+
+def _made_here(started: tuple[Any, Workload | None, float]) -> dict[str, Any]:
+    """A what-if's figures from its begun trace (`_begin_trace`), or its error."""
+    pending, made, since = started
+    try:
+        if isinstance(pending, Exception):
+            raise pending
+        step = pending.result()
+        return what_if_figures(_replayed(step, made, time.perf_counter() - since, since))
+    except Exception as exc:  # noqa: BLE001 - a variant that cannot be traced is reported
+        return {"error": _not_applicable(exc)}
+
+
+def estimate_variant(spec: Any, batch_size: int, variant: dict[str, Any]) -> dict[str, Any]:
+    """The what-if row's figures of `spec` (a `WorkloadSpec`) with `variant`'s fields replaced.
+
+    What a helper process makes of a what-if (`memfit._child.open_what_if_estimator`): the
+    same figures, or the same `not applicable` line, as `_what_ifs` makes here.
+    """
+    import dataclasses
+
+    with _young_collections():
+        return _made_here(
+            _begin_trace(
+                lambda: dataclasses.replace(spec, **variant).workload(),
+                {"batch_size": int(batch_size)},
+            )
+        )
 
 
 def _begin_trace(
@@ -650,21 +688,77 @@ def _recompiled(workload: Workload, optimizer: Any) -> Workload:
     )
 
 
-def _variants(base: Estimate, rebuild: bool, optimizer: Any) -> list[tuple[str, dict[str, Any]]]:
-    """The what-ifs that rebuild the model: precision, remat, optimizer, a smaller input."""
+def _variants(shapes: list[tuple[int, ...]], optimizer: Any) -> list[tuple[str, dict[str, Any]]]:
+    """The what-ifs that rebuild the model (mixed precision, the other optimizer, a smaller
+    input) of a model whose sample shapes are `shapes`, in the order they are shown.
+
+    One precision row: `mixed_bfloat16` holds its activations in the same two bytes as
+    `mixed_float16` (ResNet50 224 px b32: 2468 and 2449 MiB), and each row costs a trace
+    (`--precision mixed_bfloat16` estimates it). `keras.RematScope` modes get a row that says
+    why they are not traced (`REMAT_SCOPE_NOTE`).
+    """
     variants: list[tuple[str, dict[str, Any]]] = [
-        (f"precision {p}", {"precision": p}) for p in PRECISIONS[1:]
+        ("precision mixed_float16", {"precision": "mixed_float16"})
     ]
-    variants += [(f"remat {m}", {"remat": m}) for m in ("larger_than", "activations")]
     current = str(optimizer or "adam").lower()
     other = "sgd" if "adam" in current else "adam"
     variants.append((f"optimizer {other}", {"optimizer": other}))
-    shapes = base.input_shapes
     if len(shapes) == 1 and len(shapes[0]) == 3 and min(shapes[0][:2]) >= 64:
         h, w, c = shapes[0]
         smaller = (h * 3 // 4 // 8 * 8, w * 3 // 4 // 8 * 8, c)
         variants.append((f"input {smaller[0]}x{smaller[1]}", {"input_shape": smaller}))
     return variants
+
+
+def _queue_order(variants: list[tuple[str, dict[str, Any]]]) -> list[tuple[str, dict[str, Any]]]:
+    """`variants` in the order the two processes take them: the costliest first, so that
+    neither waits long for the other's last one. The other optimizer is the cheapest (this
+    process compiles the same model again) and goes last."""
+    return sorted(variants, key=lambda variant: "optimizer" in variant[1])
+
+
+REMAT_SCOPE_NOTE = (
+    "not estimated with the what-ifs: keras.RematScope raised the peak or failed wherever "
+    "memfit measured it on TensorFlow (docs/recompute.md); recompute sqrt is the recompute "
+    "that saves memory here. Estimate a mode with --remat MODE"
+)
+
+
+def _helper(
+    model: Any,
+    batch_size: int,
+    named: dict[str, Any],
+) -> dict[str, Any] | None:
+    """The arguments of a helper process for the what-ifs (see `memfit.estimation.helper`),
+    or None where one cannot help: a model or data it cannot rebuild from names, or one CPU.
+
+    `named`: the estimate's `input_shape`, `optimizer`, `loss`, `classes`, `precision`,
+    `remat` and `data`.
+    """
+    import sys
+
+    from memfit.backend import tf as tfb
+    from memfit.backend.tf_kernels import concurrent_ops, intra_threads, schedulable_cpus
+    from memfit.workload_spec import WorkloadSpec
+
+    fields = dict(named)
+    if fields.pop("data") is not None or schedulable_cpus() < 2 or not HELPER:
+        return None
+    try:
+        spec = WorkloadSpec(model, **fields).to_json()
+    except WorkloadError:  # an optimizer or loss object: it stays in this process
+        return None
+    tf = tfb.import_tf()
+    return {
+        "workload": spec,
+        "batch_size": int(batch_size),
+        "threads": [concurrent_ops(tf), intra_threads(tf)],
+        "path": [entry for entry in sys.path if entry],
+    }
+
+
+HELPER = [True]
+"""Empty it to make every what-if in this process (the tests compare the two)."""
 
 
 def _not_applicable(exc: Exception) -> str:
