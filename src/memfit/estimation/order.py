@@ -65,10 +65,42 @@ def execution_events(graph: Any, seed: float | None = None) -> list[int]:
         >>> [e for e in events if e >= 0] == execution_order(graph)  # doctest: +SKIP
         True
     """
+    if seed is None:
+        # Grappler's order is the same in every replay of the graph: played once.
+        events = _cached(graph, "_execution_events")
+        if events is None:
+            events = _events(graph, None)
+            graph.__dict__["_execution_events"] = (_graph_key(graph), events)
+        return list(events)
+    return _events(graph, seed)
+
+
+def _events(graph: Any, seed: float | None) -> list[int]:
+    """`execution_events`, played (no cache)."""
     preds, edges, cheap, threads = _executor_inputs(graph, seed)
     if threads == 1:
         return [e for i in single_thread_order(preds, edges, cheap) for e in (i, ~i)]
     return threaded_events(preds, edges, cheap, op_seconds(graph), threads)
+
+
+def _graph_key(graph: Any) -> tuple[Any, ...]:
+    """What the executor's order of `graph` follows: a cache's key (`_cached`).
+
+    Its ops (a pass that prunes the step makes a new list) and their count, grappler's node
+    order and the inter-op threads (a copy of a graph may run under other threads).
+    """
+    threads = max(1, int(getattr(graph, "inter_op_threads", 1) or 1))
+    return graph.ops, len(graph.ops), getattr(graph, "node_rank", None), threads
+
+
+def _cached(graph: Any, name: str) -> Any:
+    """What `graph.__dict__[name]` holds, if it was made for the graph as it is now."""
+    cached = graph.__dict__.get(name)
+    if cached is None:
+        return None
+    (ops, count, rank, threads), key = cached[0], _graph_key(graph)
+    same = ops is key[0] and count == key[1] and rank is key[2] and threads == key[3]
+    return cached[1] if same else None
 
 
 def _executor_inputs(
@@ -76,16 +108,23 @@ def _executor_inputs(
 ) -> tuple[list[set[int]], list[list[int]], list[bool], int]:
     """What the executor's order follows: each op's predecessors, its successors in the
     order the executor meets them (drawn from `seed` when given), whether its kernel is
-    inexpensive, and the inter-op threads."""
-    ops = graph.ops
-    preds, succs, _ = op_dependencies(ops)
-    cheap = [op.type in INEXPENSIVE_OPS for op in ops]
-    edges = _edge_order(succs, ops, graph)
+    inexpensive, and the inter-op threads.
+
+    All but the drawn order are the same for every order of the graph (a sampled process
+    draws one for each of its steps): made once and cached on the graph.
+    """
+    inputs = _cached(graph, "_executor_inputs")
+    if inputs is None:
+        ops = graph.ops
+        preds, succs, _ = op_dependencies(ops)
+        cheap = [op.type in INEXPENSIVE_OPS for op in ops]
+        inputs = preds, _edge_order(succs, ops, graph), cheap
+        graph.__dict__["_executor_inputs"] = (_graph_key(graph), inputs)
+    preds, edges, cheap = inputs
     if seed is not None:
         rng = random.Random(seed)
         edges = [rng.sample(s, len(s)) for s in edges]
-    threads = max(1, int(getattr(graph, "inter_op_threads", 1) or 1))
-    return preds, edges, cheap, threads
+    return preds, edges, cheap, _graph_key(graph)[3]
 
 
 def single_thread_order(
