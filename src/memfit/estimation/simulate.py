@@ -252,7 +252,8 @@ def rehomed_updates(graph: Any) -> frozenset[int]:
     ops = graph.ops
     copies: set[int] = set()
     if int(getattr(graph, "inter_op_threads", 1) or 1) > 1:
-        _, _, preds, succs, phases, _, _ = step_structure(graph)
+        structure = step_structure(graph)
+        preds, succs, phases = structure.preds, structure.succs, structure.phases
         reads = {
             op.outputs[0]: op.variable
             for op in ops

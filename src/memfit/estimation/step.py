@@ -14,7 +14,7 @@ import random
 import re
 from collections import defaultdict, deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from memfit.estimation.bfc import BFC
 from memfit.estimation.order import depends_on, execution_events
@@ -79,12 +79,39 @@ def phase_of(name: str, op_type: str, optimizer_name: str) -> str:
     return "forward"
 
 
-def step_structure(graph: Any) -> tuple[Any, ...]:
+class StepStructure(NamedTuple):
+    """What every replay of a graph reads and none changes (`step_structure`).
+
+    Attributes:
+        index: op name -> its index in `graph.ops`.
+        consumers: tensor name -> the ops that read it (once per read).
+        preds: each op's predecessors (data and control).
+        succs: each op's successors.
+        phases: each op's phase (`phase_of`).
+        layers: each op's layer label.
+        feeds_update: the tensors the optimizer's ops read (gradients).
+        reads: tensor name -> how many reads it waits for (`consumers`, counted): a step's
+            pending reads start from it.
+        unread: each op's outputs that no op reads and the step does not return: freed as
+            the op finishes.
+    """
+
+    index: dict[str, int]
+    consumers: dict[str, list[int]]
+    preds: list[set[int]]
+    succs: list[list[int]]
+    phases: list[str]
+    layers: list[str]
+    feeds_update: set[str]
+    reads: dict[str, int]
+    unread: list[tuple[str, ...]]
+
+
+def step_structure(graph: Any) -> StepStructure:
     """What every replay of `graph` reads and none changes, made once per graph.
 
-    Op index by name, each tensor's consumers, each op's predecessors and successors, phase
-    and layer, and the tensors the optimizer's ops read (gradients). A sampled process
-    replays the same graph many times (`memfit.estimation.bounds`): this is built once.
+    A sampled process replays the same graph many times (`memfit.estimation.bounds`): this
+    is built once.
 
     Args:
         graph: the traced step (`memfit.backend.tf_graph.StepGraph`); the structure is
@@ -92,12 +119,13 @@ def step_structure(graph: Any) -> tuple[Any, ...]:
 
     Example:
         ```python
-        index, consumers, preds, succs, phases, layers, feeds_update = step_structure(graph)
+        structure = step_structure(graph)
+        print(structure.phases[0], structure.layers[0])
         ```
     """
     cached = graph.__dict__.get("_replay_structure")
-    if cached is not None:
-        return cached
+    if cached is not None and cached[0] is graph.ops:
+        return cached[1]
     ops = graph.ops
     index = {op.name: i for i, op in enumerate(ops)}
     producer = {}
@@ -126,8 +154,16 @@ def step_structure(graph: Any) -> tuple[Any, ...]:
     for i, op in enumerate(ops):
         if phases[i] == "update":
             feeds_update.update(op.inputs)
-    structure = (index, dict(consumers), preds, succs, phases, layers, feeds_update)
-    graph.__dict__["_replay_structure"] = structure
+    fetched = set(graph.fetches)
+    unread = [
+        tuple(name for name in op.outputs if name not in consumers and name not in fetched)
+        for op in ops
+    ]
+    reads = {name: len(c) for name, c in consumers.items()}
+    structure = StepStructure(
+        index, dict(consumers), preds, succs, phases, layers, feeds_update, reads, unread
+    )
+    graph.__dict__["_replay_structure"] = (ops, structure)
     return structure
 
 
@@ -175,19 +211,24 @@ class StepRun:
     ) -> None:
         self.graph = graph
         self.ops = graph.ops
-        index, consumers, preds, succs, phases, layers, feeds_update = step_structure(graph)
-        self.index, self.consumers, self.preds = index, consumers, preds
-        self.phases, self.layers, self.feeds_update = phases, layers, feeds_update
+        structure = step_structure(graph)
+        self.index, self.preds, self.unread = structure.index, structure.preds, structure.unread
+        self.phases, self.layers = structure.phases, structure.layers
+        self.feeds_update = structure.feeds_update
+        preds, succs = structure.preds, structure.succs
         if seed is not None and order is None:
             # Several inter-op threads: which of the ops made ready together runs first is a race.
+            # (A list of one successor draws nothing from the seed: it stays as it is.)
             shuffle = random.Random(seed).shuffle
-            succs = [list(s) for s in succs]
+            succs = [list(s) if len(s) > 1 else s for s in succs]
             for s in succs:
-                shuffle(s)
+                if len(s) > 1:
+                    shuffle(s)
         self.succs = succs
         self.bfc = bfc
         self.copies = copies
-        self.pending = {name: len(c) for name, c in consumers.items()}
+        # Each tensor's reads still to come; at none it is freed (unless the step returns it).
+        self.pending = dict(structure.reads)
         self.fetched = set(graph.fetches)
         self.arguments = set(graph.arguments)
         self.buffer_of: dict[str, int | None] = dict.fromkeys(graph.arguments)
@@ -346,10 +387,10 @@ class StepRun:
             candidate = self.buffer_of.get(tensor)
             if (
                 candidate is not None
+                and self.request[candidate] == wanted
+                and self.refs[candidate] == 1
                 and tensor not in self.arguments
                 and self.pending.get(tensor, 0) == op.inputs.count(tensor)
-                and self.refs[candidate] == 1
-                and self.request[candidate] == wanted
             ):
                 self.take_over(candidate, i)
                 self.count_forward(candidate, -1)
@@ -413,16 +454,13 @@ class StepRun:
             self.bfc.free(handle)
 
     def finish(self, op_index: int) -> None:
-        op = self.ops[op_index]
-        pending = self.pending
-        for tensor in op.inputs:
-            if tensor in pending:
-                pending[tensor] -= 1
-                if pending[tensor] == 0 and tensor not in self.fetched:
-                    self.release(tensor)
-        for name in op.outputs:
-            if name not in self.consumers and name not in self.fetched:
-                self.release(name)
+        pending, fetched = self.pending, self.fetched
+        for tensor in self.ops[op_index].inputs:
+            pending[tensor] -= 1
+            if pending[tensor] == 0 and tensor not in fetched:
+                self.release(tensor)
+        for name in self.unread[op_index]:
+            self.release(name)
         if self.threads > 1:
             for j in self.succs[op_index]:
                 self.indegree[j] -= 1
