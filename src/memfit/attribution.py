@@ -106,16 +106,30 @@ class LayerTree:
         in the model) jumps there; others (the model's own scope, op names) are skipped.
         """
         strip = self._strip_first if strip_first is None else strip_first
-        found: Path | None = None
-        for segment in scope_segments(op_name)[:-1]:
-            step = self._match(segment, self._children.get(found or ()), strip)
-            if step is None:
-                step = self._match(segment, None, strip)
-                if step is not None and found is not None and found[: len(step)] == step:
-                    step = None  # the layer reached so far, or one around it: stay
-            if step is not None:
-                found = step
-        return found
+        return self._walk(tuple(scope_segments(op_name)[:-1]), strip)
+
+    def _walk(self, scope: Path, strip: bool) -> Path | None:
+        """`resolve` of the scope segments `scope` (the op's own name left off).
+
+        The walk to a scope is the walk to its parent scope and one more segment; each
+        scope is walked once (a step's ops share their scopes: a layer's kernels and their
+        gradients) and kept.
+        """
+        walked = self.__dict__.setdefault("_walked", {})
+        key = (strip, scope)
+        if key not in walked:
+            found = self._walk(scope[:-1], strip) if len(scope) > 1 else None
+            walked[key] = self._descend(found, scope[-1], strip) if scope else None
+        return walked[key]
+
+    def _descend(self, found: Path | None, segment: str, strip: bool) -> Path | None:
+        """Where the walk goes from the layer `found` (None: the model) on `segment`."""
+        step = self._match(segment, self._children.get(found or ()), strip)
+        if step is None:
+            step = self._match(segment, None, strip)
+            if step is not None and found is not None and found[: len(step)] == step:
+                step = None  # the layer reached so far, or one around it: stay
+        return found if step is None else step
 
     def choose_policy(self, op_names: Iterable[str]) -> None:
         """Decide from a graph's op names whether `_N` is TensorFlow's (stripped first).
