@@ -124,6 +124,8 @@ class BFC:
     def _find(self, size: int) -> _Chunk | None:
         for index in range(_bin(size), BINS):
             items = self.bins[index]
+            if not items:
+                continue
             position = bisect.bisect_left(items, (size, -1))
             if position < len(items):
                 return self.chunks[items[position][1]]

@@ -94,6 +94,9 @@ class StepStructure(NamedTuple):
             pending reads start from it.
         unread: each op's outputs that no op reads and the step does not return: freed as
             the op finishes.
+        forwardable: for each op whose kernel may take over an input buffer
+            (`OpInfo.forwards`), the inputs it may take over (not the step's arguments,
+            which the caller holds), each once, with how many times the op reads it.
     """
 
     index: dict[str, int]
@@ -105,6 +108,7 @@ class StepStructure(NamedTuple):
     feeds_update: set[str]
     reads: dict[str, int]
     unread: list[tuple[str, ...]]
+    forwardable: list[tuple[tuple[str, int], ...]]
 
 
 def step_structure(graph: Any) -> StepStructure:
@@ -160,8 +164,28 @@ def step_structure(graph: Any) -> StepStructure:
         for op in ops
     ]
     reads = {name: len(c) for name, c in consumers.items()}
+    arguments = set(graph.arguments)
+    forwardable = [
+        tuple(
+            (name, op.inputs.count(name))
+            for name in dict.fromkeys(op.inputs)
+            if name not in arguments
+        )
+        if op.forwards
+        else ()
+        for op in ops
+    ]
     structure = StepStructure(
-        index, dict(consumers), preds, succs, phases, layers, feeds_update, reads, unread
+        index,
+        dict(consumers),
+        preds,
+        succs,
+        phases,
+        layers,
+        feeds_update,
+        reads,
+        unread,
+        forwardable,
     )
     graph.__dict__["_replay_structure"] = (ops, structure)
     return structure
@@ -213,6 +237,7 @@ class StepRun:
         self.ops = graph.ops
         structure = step_structure(graph)
         self.index, self.preds, self.unread = structure.index, structure.preds, structure.unread
+        self.forwardable = structure.forwardable
         self.phases, self.layers = structure.phases, structure.layers
         self.feeds_update = structure.feeds_update
         preds, succs = structure.preds, structure.succs
@@ -383,14 +408,13 @@ class StepRun:
         else holds and whose last consumer this op is.
         """
         wanted = round_up(nbytes)
-        for tensor in op.inputs:
+        for tensor, reads in self.forwardable[i]:
             candidate = self.buffer_of.get(tensor)
             if (
                 candidate is not None
                 and self.request[candidate] == wanted
                 and self.refs[candidate] == 1
-                and tensor not in self.arguments
-                and self.pending.get(tensor, 0) == op.inputs.count(tensor)
+                and self.pending.get(tensor, 0) == reads
             ):
                 self.take_over(candidate, i)
                 self.count_forward(candidate, -1)
