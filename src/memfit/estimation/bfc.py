@@ -49,7 +49,7 @@ def _bin(size: int) -> int:
     return min(max(size // GRANULE, 1).bit_length() - 1, BINS - 1)
 
 
-@dataclass
+@dataclass(slots=True)
 class _Chunk:
     address: int
     size: int

@@ -97,6 +97,7 @@ class StepStructure(NamedTuple):
         forwardable: for each op whose kernel may take over an input buffer
             (`OpInfo.forwards`), the inputs it may take over (not the step's arguments,
             which the caller holds), each once, with how many times the op reads it.
+        scratch_succs: each op's successors (`succs`) whose kernels hold scratch.
     """
 
     index: dict[str, int]
@@ -109,6 +110,7 @@ class StepStructure(NamedTuple):
     reads: dict[str, int]
     unread: list[tuple[str, ...]]
     forwardable: list[tuple[tuple[str, int], ...]]
+    scratch_succs: list[list[int]]
 
 
 def step_structure(graph: Any) -> StepStructure:
@@ -186,6 +188,7 @@ def step_structure(graph: Any) -> StepStructure:
         reads,
         unread,
         forwardable,
+        [[j for j in s if ops[j].scratch_bytes] for s in succs],
     )
     graph.__dict__["_replay_structure"] = (ops, structure)
     return structure
@@ -302,7 +305,12 @@ class StepRun:
             self.ready = deque(order if order is not None else execution_events(graph))
             # An order with ends (`~i`) lets an op's inputs go at its end, not at its start.
             self.ends = any(e < 0 for e in self.ready)
-            ready_now = (i for i in range(len(self.ops)) if self.indegree[i] == 0)
+            # The order is given: the ready ops matter only as the company of an op's
+            # scratch (`work`), so only the ops whose kernels hold scratch are followed.
+            self.succs = structure.scratch_succs
+            ready_now = (
+                i for i, op in enumerate(self.ops) if self.indegree[i] == 0 and op.scratch_bytes
+            )
             self.queued = set(ready_now) if self.threads > 1 else set()
         else:
             self.ready = deque(i for i in range(len(self.ops)) if self.indegree[i] == 0)
