@@ -192,8 +192,8 @@ def op_dependencies(ops: list[Any]) -> tuple[list[set[int]], list[list[int]], li
                 edges[index[name]] += 1
     succs: list[list[int]] = [[] for _ in ops]
     for i, ps in enumerate(preds):
-        for p in sorted(ps):
-            succs[p].append(i)
+        for p in ps:
+            succs[p].append(i)  # in graph order: the ops are visited in order
     return preds, succs, edges
 
 

@@ -103,6 +103,19 @@ def _cached(graph: Any, name: str) -> Any:
     return cached[1] if same else None
 
 
+def graph_dependencies(graph: Any) -> tuple[list[set[int]], list[list[int]], list[int]]:
+    """`op_dependencies` of `graph.ops`: made once per graph and cached on it (read only).
+
+    Example:
+        >>> preds, succs, out_edges = graph_dependencies(graph)  # doctest: +SKIP
+    """
+    ops = graph.ops
+    cached = graph.__dict__.get("_dependencies")
+    if cached is None or cached[0] is not ops or cached[1] != len(ops):
+        cached = graph.__dict__["_dependencies"] = (ops, len(ops), op_dependencies(ops))
+    return cached[2]
+
+
 def _executor_inputs(
     graph: Any, seed: float | None
 ) -> tuple[list[set[int]], list[list[int]], list[bool], int]:
@@ -116,9 +129,9 @@ def _executor_inputs(
     inputs = _cached(graph, "_executor_inputs")
     if inputs is None:
         ops = graph.ops
-        preds, succs, _ = op_dependencies(ops)
+        preds, succs, out_edges = graph_dependencies(graph)
         cheap = [op.type in INEXPENSIVE_OPS for op in ops]
-        inputs = preds, _edge_order(succs, ops, graph), cheap
+        inputs = preds, _edge_order(succs, out_edges, ops, graph), cheap
         graph.__dict__["_executor_inputs"] = (_graph_key(graph), inputs)
     preds, edges, cheap = inputs
     if seed is not None:
@@ -417,7 +430,9 @@ def op_seconds(graph: Any) -> list[float]:
     return seconds
 
 
-def _edge_order(succs: list[list[int]], ops: list[Any], graph: Any) -> list[list[int]]:
+def _edge_order(
+    succs: list[list[int]], out_edges: list[int], ops: list[Any], graph: Any
+) -> list[list[int]]:
     """Each op's consumers in the order TensorFlow's executor meets them.
 
     An op's out-edges are an `EdgeSet`: up to four are kept in a small array, in the order
@@ -429,17 +444,15 @@ def _edge_order(succs: list[list[int]], ops: list[Any], graph: Any) -> list[list
     depth-first scheduling of successors met in traced order runs them). Without grappler's
     order, consumers go in reverse traced order (what earlier traces matched for
     convolutions: the input gradient continues inline, the weight gradient waits).
+    `out_edges`: each op's out-edges as TensorFlow's graph counts them, one per input read
+    and per control input (`op_dependencies`).
     """
     rank = getattr(graph, "node_rank", None) or {}
     missing = len(rank)
     keys = [rank.get(op.name, missing + i) for i, op in enumerate(ops)]
-    cached = graph.__dict__.get("_out_edges")
-    if cached is None or cached[0] is not ops:
-        cached = graph.__dict__["_out_edges"] = (ops, _out_edges(ops))
-    edges = cached[1]
     return [
         sorted(s)
-        if edges[i] > EDGE_SET_INLINE
+        if out_edges[i] > EDGE_SET_INLINE
         else sorted(s, key=keys.__getitem__)
         if rank
         else sorted(s, reverse=True)
@@ -449,21 +462,6 @@ def _edge_order(succs: list[list[int]], ops: list[Any], graph: Any) -> list[list
 
 # `EdgeSet::kInline` (graph/edgeset.h): out-edges kept in an array, in insertion order.
 EDGE_SET_INLINE = 4
-
-
-def _out_edges(ops: list[Any]) -> list[int]:
-    """Each op's out-edges as TensorFlow's graph counts them: one per input read, per control."""
-    index = {op.name: i for i, op in enumerate(ops)}
-    producer = {name: i for i, op in enumerate(ops) for name in op.outputs}
-    edges = [0] * len(ops)
-    for op in ops:
-        for name in op.inputs:
-            if name in producer:
-                edges[producer[name]] += 1
-        for name in op.control_inputs:
-            if name in index:
-                edges[index[name]] += 1
-    return edges
 
 
 def depends_on(op: int, other: int, preds: list[set[int]], position: dict[int, int]) -> bool:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from memfit.estimation.bfc import BFC
-from memfit.estimation.order import depends_on, execution_events
+from memfit.estimation.order import depends_on, execution_events, graph_dependencies
 
 GRANULE = 256
 
@@ -134,20 +134,13 @@ def step_structure(graph: Any) -> StepStructure:
         return cached[1]
     ops = graph.ops
     index = {op.name: i for i, op in enumerate(ops)}
-    producer = {}
-    for i, op in enumerate(ops):
-        for name in op.outputs:
-            producer[name] = i
     consumers: dict[str, list[int]] = defaultdict(list)
-    preds: list[set[int]] = [set() for _ in ops]
     for i, op in enumerate(ops):
         for name in op.inputs:
             consumers[name].append(i)
-            if name in producer:
-                preds[i].add(producer[name])
-        for name in op.control_inputs:
-            if name in index:
-                preds[i].add(index[name])
+    preds = graph_dependencies(graph)[0]
+    # Each op's successors in the order its predecessors' sets list them (a race shuffles
+    # them from this order).
     succs: list[list[int]] = [[] for _ in ops]
     for i, ps in enumerate(preds):
         for p in ps:
