@@ -120,3 +120,22 @@ def test_the_bn_gradient_replays_the_product_beside_the_sum(monkeypatch: pytest.
     # let `dy` go and takes it over: a buffer fewer (the replay before).
     monkeypatch.setattr(order, "OUTER_REDUCTION_BYTES", 1)
     assert replay(_bn_gradient(threads=2), warmup=False).step_peak_bytes < 5 * 16 * MIB
+
+
+def test_the_order_kept_on_a_graph_follows_its_threads_and_grappler_order():
+    import copy
+
+    graph = _bn_gradient(threads=2)
+    two = execution_events(graph)
+    # A copy under one thread (the estimate's `threads=` option) plays its own order.
+    single = copy.copy(graph)
+    single.inter_op_threads = 1
+    assert execution_events(single) == execution_events(_bn_gradient(threads=1)) != two
+    assert execution_events(graph) == two
+    # A seeded order draws from the kept inputs as a fresh graph's does.
+    assert execution_events(graph, 0.5) == execution_events(_bn_gradient(threads=2), 0.5)
+    # Another grappler order: the order is played again.
+    fresh = _bn_gradient(threads=2)
+    fresh.node_rank = {}
+    graph.node_rank = {}
+    assert execution_events(graph) == execution_events(fresh) != two
