@@ -236,16 +236,7 @@ class StepRun:
         self.forwardable = structure.forwardable
         self.phases, self.layers = structure.phases, structure.layers
         self.feeds_update = structure.feeds_update
-        preds, succs = structure.preds, structure.succs
-        if seed is not None and order is None:
-            # Several inter-op threads: which of the ops made ready together runs first is a race.
-            # (A list of one successor draws nothing from the seed: it stays as it is.)
-            shuffle = random.Random(seed).shuffle
-            succs = [list(s) if len(s) > 1 else s for s in succs]
-            for s in succs:
-                if len(s) > 1:
-                    shuffle(s)
-        self.succs = succs
+        preds = structure.preds
         self.bfc = bfc
         self.copies = copies
         # Each tensor's reads still to come; at none it is freed (unless the step returns it).
@@ -306,6 +297,9 @@ class StepRun:
             )
             self.queued = set(ready_now) if self.threads > 1 else set()
         else:
+            # Several inter-op threads: which of the ops made ready together runs first is a
+            # race, the successors of each op met in an order drawn from `seed`.
+            self.succs = _shuffled(structure.succs, seed) if seed is not None else structure.succs
             self.ready = deque(i for i in range(len(self.ops)) if self.indegree[i] == 0)
             self.queued = set(self.ready)
             self.ends = False
@@ -564,6 +558,19 @@ class StepRun:
         result.peak_op_type = op.type
         result.peak_phase = self.phases[op_index]
         result.peak_layer = layers[op_index]
+
+
+def _shuffled(succs: list[list[int]], seed: float) -> list[list[int]]:
+    """Each op's successors in an order drawn from `seed` (shuffled copies; `succs` is kept).
+
+    A list of one successor draws nothing from the seed and is passed on as it is.
+    """
+    shuffle = random.Random(seed).shuffle
+    drawn = [list(s) if len(s) > 1 else s for s in succs]
+    for s in drawn:
+        if len(s) > 1:
+            shuffle(s)
+    return drawn
 
 
 def _feeds(op_name: str, ops: list[Any], index: dict[str, int], feeds_update: set[str]) -> bool:
