@@ -46,7 +46,9 @@ def rounded(nbytes: int) -> int:
 
 
 def _bin(size: int) -> int:
-    return min(max(size // GRANULE, 1).bit_length() - 1, BINS - 1)
+    """The bin of chunks of `size` bytes: `log2(size / 256)`, rounded down, at most the last."""
+    index = (max(size, GRANULE) // GRANULE).bit_length() - 1
+    return index if index < BINS else BINS - 1
 
 
 @dataclass(slots=True)
