@@ -139,3 +139,18 @@ def test_the_order_kept_on_a_graph_follows_its_threads_and_grappler_order():
     fresh.node_rank = {}
     graph.node_rank = {}
     assert execution_events(graph) == execution_events(fresh) != two
+
+
+def test_the_order_kept_on_a_graph_follows_costs_set_on_it():
+    graph = _bn_gradient(threads=2)
+    before = execution_events(graph)
+    # Costs given to the graph afterwards (as `op_seconds` keeps them): the order follows.
+    seconds = list(op_seconds(graph))
+    names = [op.name for op in graph.ops]
+    seconds[names.index("gradient_tape/sum")] = 100 * max(seconds)
+    graph.__dict__["_op_seconds"] = (graph.ops, seconds)
+    after = execution_events(graph)
+    assert after != before
+    fresh = _bn_gradient(threads=2)
+    fresh.__dict__["_op_seconds"] = (fresh.ops, seconds)
+    assert after == execution_events(fresh)

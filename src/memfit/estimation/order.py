@@ -66,12 +66,14 @@ def execution_events(graph: Any, seed: float | None = None) -> list[int]:
         True
     """
     if seed is None:
-        # Grappler's order is the same in every replay of the graph: played once.
-        events = _cached(graph, "_execution_events")
-        if events is None:
+        # Grappler's order is the same in every replay of the graph: played once (again
+        # where the ops' costs kept on the graph, `op_seconds`, were replaced since).
+        cached = _cached(graph, "_execution_events")
+        if cached is None or cached[0] is not graph.__dict__.get("_op_seconds"):
             events = _events(graph, None)
-            graph.__dict__["_execution_events"] = (_graph_key(graph), events)
-        return list(events)
+            cached = (graph.__dict__.get("_op_seconds"), events)
+            graph.__dict__["_execution_events"] = (_graph_key(graph), cached)
+        return list(cached[1])
     return _events(graph, seed)
 
 
