@@ -45,6 +45,7 @@ def test_each_what_if_is_made_once_here_or_in_the_child(handlers_importable: Non
     for change, figures in made.items():
         assert figures["variant"] == dict(TASKS)[change]
         assert figures["pid"] != os.getpid()
+        assert figures["gpus"] == "-1"  # it traces on the CPU: the card's memory is left alone
 
 
 def test_a_child_that_dies_gives_its_what_if_back(handlers_importable: None) -> None:

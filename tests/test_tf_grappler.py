@@ -60,3 +60,21 @@ def test_the_config_leaves_out_tfg_and_on_cpu_the_layout_optimizer():
     # Everything else is TensorFlow's default: both iterations, every other pass.
     assert cpu.meta_optimizer_iterations == rewriter_config_pb2.RewriterConfig.DEFAULT_NUM_ITERS
     assert cpu.memory_optimization == rewriter_config_pb2.RewriterConfig.DEFAULT_MEM_OPT
+
+
+def test_a_helper_process_runs_grappler_as_its_parent_does():
+    from tensorflow.core.protobuf import rewriter_config_pb2
+
+    from memfit.backend import tf_grappler
+
+    seen = tf_grappler.sees_gpu()
+    try:
+        tf_grappler.describe_as(gpus=True)  # a parent beside a GPU, this process without
+        layout = tf_grappler.grappler_config().graph_options.rewrite_options.layout_optimizer
+        assert layout == rewriter_config_pb2.RewriterConfig.DEFAULT
+        tf_grappler.describe_as(gpus=False)
+        layout = tf_grappler.grappler_config().graph_options.rewrite_options.layout_optimizer
+        assert layout == rewriter_config_pb2.RewriterConfig.OFF
+    finally:
+        tf_grappler._described_as.clear()
+    assert tf_grappler.sees_gpu() == seen

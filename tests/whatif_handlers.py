@@ -11,7 +11,11 @@ def open_echo(**_kwargs: Any) -> Callable[..., dict[str, Any]]:
     """A child that makes each what-if at once: its figures name the variant and the process."""
 
     def estimate(**variant: Any) -> dict[str, Any]:
-        return {"variant": variant, "pid": os.getpid()}
+        return {
+            "variant": variant,
+            "pid": os.getpid(),
+            "gpus": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        }
 
     return estimate
 

@@ -84,7 +84,7 @@ def grappler_config(gpus: bool | None = None) -> Any:
     from tensorflow.core.protobuf import config_pb2, rewriter_config_pb2
 
     if gpus is None:
-        gpus = _sees_gpu()
+        gpus = sees_gpu()
     config = config_pb2.ConfigProto()
     rewrite = config.graph_options.rewrite_options
     rewrite.disable_tfg_optimizer = True
@@ -93,9 +93,34 @@ def grappler_config(gpus: bool | None = None) -> Any:
     return config
 
 
+def sees_gpu() -> bool:
+    """Whether grappler runs as for a process that sees a GPU (see `grappler_config`).
+
+    What TensorFlow sees here (asked once: every traced step's grappler pass needs it),
+    unless `describe_as` said otherwise.
+    """
+    return _described_as[-1] if _described_as else _tensorflow_sees_gpu()
+
+
+def describe_as(gpus: bool) -> None:
+    """Run grappler from now on as a process that sees a GPU (`gpus`) or none runs it.
+
+    For a helper process that describes another process's steps with its GPUs hidden
+    (`memfit._child.open_what_if_estimator`): its steps are then the other's.
+
+    Example:
+        ```python
+        describe_as(gpus=True)  # the layout optimizer stays on, as beside a GPU
+        ```
+    """
+    _described_as[:] = [bool(gpus)]
+
+
+_described_as: list[bool] = []
+
+
 @functools.cache
-def _sees_gpu() -> bool:
-    """Whether TensorFlow sees a GPU (asked once: every traced step's grappler pass needs it)."""
+def _tensorflow_sees_gpu() -> bool:
     return bool(tfb.import_tf().config.list_physical_devices("GPU"))
 
 

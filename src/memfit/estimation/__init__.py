@@ -738,6 +738,7 @@ def _helper(
     import sys
 
     from memfit.backend import tf as tfb
+    from memfit.backend.tf_grappler import sees_gpu
     from memfit.backend.tf_kernels import concurrent_ops, intra_threads, schedulable_cpus
     from memfit.workload_spec import WorkloadSpec
 
@@ -753,6 +754,7 @@ def _helper(
         "workload": spec,
         "batch_size": int(batch_size),
         "threads": [concurrent_ops(tf), intra_threads(tf)],
+        "gpus": sees_gpu(),
         "path": [entry for entry in sys.path if entry],
     }
 

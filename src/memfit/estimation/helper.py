@@ -38,6 +38,9 @@ class WhatIfQueue:
         handler: `"package.module:function"` the child prepares with `child` and answers
             with (default: `memfit._child.open_what_if_estimator`).
 
+    The child runs with the GPUs hidden (`CUDA_VISIBLE_DEVICES=-1`): it traces, it never
+    trains, and a second TensorFlow on the card would take its memory.
+
     Example:
         ```python
         queue = WhatIfQueue(None)  # or a child's arguments: it starts now
@@ -57,7 +60,7 @@ class WhatIfQueue:
         self._gone = child is None  # no child takes what-ifs (none, or it failed)
         self._worker: ChildWorker | None = None
         if child is not None:
-            self._worker = ChildWorker(handler, child)
+            self._worker = ChildWorker(handler, child, env={"CUDA_VISIBLE_DEVICES": "-1"})
             self._worker.start()  # TensorFlow's import there begins now
             threading.Thread(target=self._serve, name="memfit-what-ifs", daemon=True).start()
 
