@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from memfit.backend import tf as tfb
@@ -124,20 +124,25 @@ class TracedStep:
     next step.
     """
 
-    def __init__(self, graph_def: Any, fetches: list[str]) -> None:
+    def __init__(
+        self, graph_def: Any, fetches: list[str], control_outputs: Sequence[str] = ()
+    ) -> None:
         self._nodes: dict[str, GrapplerNode] = {}
         self._rank: dict[str, int] | None = None
         self._describe: Callable[[int], tuple[StepGraph, set[str]]] | None = None
         self._thread = threading.Thread(
-            target=self._optimize, args=(graph_def, fetches), name="memfit-grappler", daemon=True
+            target=self._optimize,
+            args=(graph_def, fetches, control_outputs),
+            name="memfit-grappler",
+            daemon=True,
         )
         self._thread.start()
         self._step: StepGraph | None = None
         self._effects: set[str] = set()
         self._done = False
 
-    def _optimize(self, graph_def: Any, fetches: list[str]) -> None:
-        self._nodes = grappler_graph(graph_def, fetches)
+    def _optimize(self, graph_def: Any, fetches: list[str], control_outputs: Sequence[str]) -> None:
+        self._nodes = grappler_graph(graph_def, fetches, control_outputs)
 
     def described(
         self,
@@ -259,8 +264,12 @@ def start_trace(workload: Any, batch_size: int) -> TracedStep:
         return {**constants, **shapes}
 
     batched = frozenset(t.op.name for t in batch)
+    # The runtime fetches the function's control outputs too: they decide grappler's order.
+    controls = [op.name for op in traced.control_outputs]
     pending = TracedStep(
-        with_shapes(graph_def, fed(batch_size), captured, runtime=True, batched=batched), fetches
+        with_shapes(graph_def, fed(batch_size), captured, runtime=True, batched=batched),
+        fetches,
+        controls,
     )
     tree = layer_tree(model)
     owners = variable_owners(model, tree)
