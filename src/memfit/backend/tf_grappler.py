@@ -91,11 +91,15 @@ def _control_outputs_node(graph_def: Any, control_outputs: Sequence[str]) -> str
     result waits on). They decide its node order: MobileNetV2's recompute step (96 px b16)
     optimised with them as the runtime's graph dump and executor log show it (51 of 51
     convolutions' gradients in the runtime's order, 5 adjacent nodes out of place in 9,000),
-    without them 24 of 51 (461 out of place). Returns the node's name, None if none is in
-    the graph.
+    without them 24 of 51 (461 out of place). The node waits on them in the graph's node
+    order, so that every process gets the same graph. Returns the node's name, None if none
+    is in the graph.
     """
-    present = {node.name for node in graph_def.node}
-    inputs = [f"^{name}" for name in control_outputs if name in present]
+    # In the graph's node order: `FuncGraph.control_outputs` comes from a set of ops, whose
+    # order changes from one process to the next, and so would grappler's node order.
+    position = {node.name: i for i, node in enumerate(graph_def.node)}
+    wanted = {name for name in control_outputs if name in position}
+    inputs = [f"^{name}" for name in sorted(wanted, key=position.__getitem__)]
     if not inputs:
         return None
     node = graph_def.node.add()
