@@ -8,7 +8,6 @@
 from __future__ import annotations
 
 import os
-import statistics
 from typing import Any
 
 from rich.console import Console
@@ -92,9 +91,10 @@ class StepChecks:
     def check_estimate(self, model: str, data: str) -> tuple[bool, dict[str, Any]]:
         # A measured peak is fixed per process, not per model (the executor's order of ops
         # changes from one process to the next; see docs/estimate.md, "What it predicts"):
-        # the estimate is compared with the median of `measured_processes` fresh processes, as
-        # the accuracy benchmark does. The data check measured the step once already (a fresh
-        # child, same model, batch and image size); `memfit measure` measures the rest.
+        # the estimate, a run's highest step, is compared with the highest of
+        # `measured_processes` fresh processes, as the accuracy benchmark does. The data check
+        # measured the step once already (a fresh child, same model, batch and image size);
+        # `memfit measure` measures the rest.
         code, out, stderr = self.memfit(
             "estimate", model, "--data", data, "--batch-size", str(BATCH), "--no-what-ifs"
         )
@@ -110,12 +110,12 @@ class StepChecks:
                 what = (step or {}).get("oom_message") or stderr
                 return False, {"problem": f"measure failed (exit {code}): {what}"}
             peaks.append(int(step["peak_bytes"]))
-        measured = int(statistics.median(peaks))
+        measured = max(peaks)
         error = (predicted - measured) / measured if predicted and measured else None
         self.say(
             f"batch {BATCH} of the new {LARGE}x{LARGE} images: predicted "
             f"{size_text(predicted)} without running it; measured {size_text(measured)}, the "
-            f"median of {', '.join(size_text(p) for p in peaks)} in {len(peaks)} fresh "
+            f"highest of {', '.join(size_text(p) for p in peaks)} in {len(peaks)} fresh "
             f"processes (the data check's and `memfit measure`'s)"
             + (f" (error {error:+.1%})" if error is not None else "")
         )
