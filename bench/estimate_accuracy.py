@@ -432,6 +432,9 @@ def main(argv: list[str] | None = None) -> None:
         "--one-batch", action="store_true", help="Only each model's smallest batch size."
     )
     parser.add_argument(
+        "--largest-batch", action="store_true", help="Only each model's largest batch size."
+    )
+    parser.add_argument(
         "--optimizers",
         help="Comma-separated: adam, sgd (default both; with --quick, adam).",
     )
@@ -485,8 +488,12 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("no model selected, or an optimizer other than adam and sgd")
     threadings = ["default", "pinned"] if args.threads == "both" else [args.threads]
     batches = [int(b) for b in args.batches.split(",")] if args.batches else None
+    if args.one_batch and args.largest_batch:
+        parser.error("--one-batch and --largest-batch exclude each other")
     if args.one_batch:
         specs = [Spec(s.model, s.size, (min(s.batches),), s.group) for s in specs]
+    if args.largest_batch:
+        specs = [Spec(s.model, s.size, (max(s.batches),), s.group) for s in specs]
     cases = cases_for(specs, optimizers, threadings, batches, args.size)
     earlier: dict[tuple[Any, ...], dict[str, Any]] = {}
     if args.measured:
