@@ -85,10 +85,8 @@ rows = {row["change"]: row for row in alone.what_ifs}
 
 # The same what-ifs made by the helper process only (this process takes none).
 HELPER.append(True)
-named = dict(input_shape=None, optimizer=None, loss=None, classes=None, precision=None,
-             remat=None, data=None)
 variants = _variants([(64, 64, 3)], None)
-queue = WhatIfQueue(_helper("factories:small_cnn", 8, named))
+queue = WhatIfQueue(_helper({"model": "factories:small_cnn", "batch_size": 8}))
 queue.add(variants)
 deadline = time.monotonic() + 300
 while len(queue.made) < len(variants) and time.monotonic() < deadline:

@@ -394,6 +394,7 @@ def estimate(
         print(est, est.breakdown)
         ```
     """
+    arguments = dict(locals())  # the helper process rebuilds the workload from them
     check_batch_size(batch_size)
     progress = on_progress or (lambda _text: None)
     _check_choice("precision", precision, PRECISIONS)
@@ -427,16 +428,7 @@ def estimate(
         if what_ifs:
             # A helper process starts now (TensorFlow's import there overlaps this trace)
             # and takes the what-ifs that rebuild the model beside this process.
-            named = {
-                "input_shape": input_shape,
-                "optimizer": optimizer,
-                "loss": loss,
-                "classes": classes,
-                "precision": precision,
-                "remat": remat,
-                "data": data,
-            }
-            queue = WhatIfQueue(_helper(model, batch_size, named) if rebuild else None)
+            queue = WhatIfQueue(_helper(arguments) if rebuild else None)
             stack.callback(queue.close)
         progress(f"tracing the step at batch {batch_size}")
         workload = build()
@@ -724,16 +716,11 @@ REMAT_SCOPE_NOTE = (
 )
 
 
-def _helper(
-    model: Any,
-    batch_size: int,
-    named: dict[str, Any],
-) -> dict[str, Any] | None:
+def _helper(arguments: dict[str, Any]) -> dict[str, Any] | None:
     """The arguments of a helper process for the what-ifs (see `memfit.estimation.helper`),
     or None where one cannot help: a model or data it cannot rebuild from names, or one CPU.
 
-    `named`: the estimate's `input_shape`, `optimizer`, `loss`, `classes`, `precision`,
-    `remat` and `data`.
+    `arguments`: `estimate`'s arguments by name (its `locals()` on entry).
     """
     import sys
 
@@ -742,17 +729,16 @@ def _helper(
     from memfit.backend.tf_kernels import concurrent_ops, intra_threads, schedulable_cpus
     from memfit.workload_spec import WorkloadSpec
 
-    fields = dict(named)
-    if fields.pop("data") is not None or schedulable_cpus() < 2 or not HELPER:
+    if arguments.get("data") is not None or schedulable_cpus() < 2 or not HELPER:
         return None
     try:
-        spec = WorkloadSpec(model, **fields).to_json()
+        spec = WorkloadSpec.from_arguments(arguments)[0].to_json()
     except WorkloadError:  # an optimizer or loss object: it stays in this process
         return None
     tf = tfb.import_tf()
     return {
         "workload": spec,
-        "batch_size": int(batch_size),
+        "batch_size": int(arguments["batch_size"]),
         "threads": [concurrent_ops(tf), intra_threads(tf)],
         "gpus": sees_gpu(),
         "path": [entry for entry in sys.path if entry],
