@@ -54,7 +54,7 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from rich.console import Console
@@ -240,6 +240,17 @@ def cases_for(
         for opt in optimizers
         for threads in threadings
     ]
+
+
+def one_batch(specs: list[Spec], *, largest: bool = False) -> list[Spec]:
+    """Each spec with one batch size: its smallest, or its largest.
+
+    Example:
+        >>> one_batch([Spec("ResNet50", 96, (2, 4, 8), "tuned-on")], largest=True)[0].batches
+        (8,)
+    """
+    pick = max if largest else min
+    return [replace(spec, batches=(pick(spec.batches),)) for spec in specs]
 
 
 def case_key(case: dict[str, Any]) -> tuple[Any, ...]:
@@ -490,10 +501,8 @@ def main(argv: list[str] | None = None) -> None:
     batches = [int(b) for b in args.batches.split(",")] if args.batches else None
     if args.one_batch and args.largest_batch:
         parser.error("--one-batch and --largest-batch exclude each other")
-    if args.one_batch:
-        specs = [Spec(s.model, s.size, (min(s.batches),), s.group) for s in specs]
-    if args.largest_batch:
-        specs = [Spec(s.model, s.size, (max(s.batches),), s.group) for s in specs]
+    if args.one_batch or args.largest_batch:
+        specs = one_batch(specs, largest=args.largest_batch)
     cases = cases_for(specs, optimizers, threadings, batches, args.size)
     earlier: dict[tuple[Any, ...], dict[str, Any]] = {}
     if args.measured:

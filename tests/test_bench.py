@@ -327,7 +327,7 @@ def test_estimate_accuracy_summary_signs_errors_and_reads_the_range() -> None:
 
 
 def test_estimate_accuracy_cases_cover_both_groups_and_threadings() -> None:
-    from bench.estimate_accuracy import HOLDOUT, QUICK, TUNED_ON, UNSEEN, cases_for
+    from bench.estimate_accuracy import HOLDOUT, QUICK, TUNED_ON, UNSEEN, cases_for, one_batch
 
     assert {s.group for s in QUICK} == {"tuned-on", "unseen"}
     assert not {s.model for s in UNSEEN} - {"RetinaNet"} & {s.model for s in TUNED_ON}
@@ -340,6 +340,9 @@ def test_estimate_accuracy_cases_cover_both_groups_and_threadings() -> None:
         ("sgd", "default", 3),
         ("sgd", "pinned", 3),
     ]
+    # --one-batch and --largest-batch: the full benchmark's two ends, run apart.
+    assert [s.batches for s in one_batch(TUNED_ON[:1] + UNSEEN[:1])] == [(2,), (8,)]
+    assert [s.batches for s in one_batch(TUNED_ON[:1] + UNSEEN[:1], largest=True)] == [(8,), (16,)]
 
 
 def test_estimate_accuracy_reuses_measured_rows_by_case(tmp_path: Path) -> None:
