@@ -120,3 +120,12 @@ def test_measure_table_reports_oom(tmp_path):
 def test_bad_environment_budget_is_one_line():
     proc = run_cli("doctor", env={"MEMFIT_MEMORY": "banana"})
     _assert_one_line_error(proc, "MEMFIT_MEMORY=banana")
+
+
+def test_a_what_if_row_says_whether_it_saves_or_adds_memory():
+    from memfit.cli.estimation import _effect
+
+    # A what-if can raise the peak (a smaller batch can need more convolution scratch).
+    assert _effect(3 << 20) == "saves 3.00 MiB"
+    assert _effect(-(768 << 10)) == "adds 768.00 KiB"
+    assert _effect(None) == ""

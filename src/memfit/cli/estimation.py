@@ -178,7 +178,7 @@ def _render_estimate(model: str, result: Any, check: dict[str, Any] | None) -> N
         whatif.add_column("batch", justify="right")
         whatif.add_column("peak", justify="right")
         whatif.add_column("up to", justify="right")
-        whatif.add_column("saves", justify="right")
+        whatif.add_column("against now", justify="right")
         for row in result.what_ifs:
             if "error" in row or "note" in row:
                 # "not applicable: <why>", or why a row is not estimated, whole: the table
@@ -192,7 +192,7 @@ def _render_estimate(model: str, result: Any, check: dict[str, Any] | None) -> N
                 str(row.get("batch_size") or "none fits"),
                 format_size(row["peak_bytes"]) if row.get("peak_bytes") else "-",
                 format_size(row["high_bytes"]) if row.get("high_bytes") else "-",
-                "" if saved is None else format_size(saved),
+                _effect(saved),
             )
         out.print(whatif)
     if result.budget is not None:
@@ -211,3 +211,15 @@ def _render_estimate(model: str, result: Any, check: dict[str, Any] | None) -> N
                 f"measured peak {format_size(check['measured_bytes'])}; predicted "
                 f"{format_size(check['predicted_bytes'])}; error {check['error']:+.1%}{bound}"
             )
+
+
+def _effect(saved: int | None) -> str:
+    """A what-if's change in the peak, in words: `saves 1.2 GiB` or `adds 3 MiB`.
+
+    Example:
+        >>> _effect(-3 << 20)
+        'adds 3.00 MiB'
+    """
+    if saved is None:
+        return ""
+    return f"{'saves' if saved >= 0 else 'adds'} {format_size(abs(saved))}"
