@@ -120,8 +120,11 @@ def test_grappler_orders_the_recompute_step_as_the_runtime(tmp_path):
     # inline (the other waits on the pool); the runtime's grappler also fetches the
     # function's control outputs, and without them 27 of MobileNetV2's 51 pairs came in
     # the other order (96 px b16, recompute sqrt).
-    env = {"TF_DUMP_GRAPH_PREFIX": str(tmp_path), "TF_DUMP_GRAPH_NAME_FILTER": "*"}
-    env["MEMFIT_MEMORY"] = "2GiB"
+    env = {
+        "TF_DUMP_GRAPH_PREFIX": str(tmp_path),
+        "TF_DUMP_GRAPH_NAME_FILTER": "*",
+        "MEMFIT_MEMORY": "2GiB",
+    }
     results = run_isolated(RUNTIME_ORDER, env=env)
     assert results["pairs"] >= 20
     assert results["same"] == results["pairs"]

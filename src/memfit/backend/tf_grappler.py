@@ -97,9 +97,8 @@ def _control_outputs_node(graph_def: Any, control_outputs: Sequence[str]) -> str
     """
     # In the graph's node order: `FuncGraph.control_outputs` comes from a set of ops, whose
     # order changes from one process to the next, and so would grappler's node order.
-    position = {node.name: i for i, node in enumerate(graph_def.node)}
-    wanted = {name for name in control_outputs if name in position}
-    inputs = [f"^{name}" for name in sorted(wanted, key=position.__getitem__)]
+    wanted = set(control_outputs)
+    inputs = [f"^{node.name}" for node in graph_def.node if node.name in wanted]
     if not inputs:
         return None
     node = graph_def.node.add()
