@@ -429,3 +429,22 @@ def test_unet_is_a_segmenter_trained_on_integer_masks() -> None:
     workload = Workload(model, optimizer="adam", loss="sparse_categorical_crossentropy")
     x, y = workload.batch(2)
     assert tuple(x.shape) == (2, 32, 32, 3) and tuple(y.shape) == (2, 32, 32)
+
+
+# -- grappler config check -------------------------------------------------------------------
+
+
+def test_grappler_config_settings_change_memfits_config() -> None:
+    from tensorflow.core.protobuf import rewriter_config_pb2
+
+    from bench.grappler_config import changed_config, parse_settings
+
+    settings = parse_settings(["remapping=OFF", "memory_optimization=NO_MEM_OPT"])
+    rewrite = changed_config(settings).graph_options.rewrite_options
+    assert rewrite.remapping == rewriter_config_pb2.RewriterConfig.OFF
+    assert rewrite.memory_optimization == rewriter_config_pb2.RewriterConfig.NO_MEM_OPT
+    assert rewrite.disable_tfg_optimizer  # memfit's own choices stay
+    with pytest.raises(SystemExit, match="FIELD=VALUE"):
+        parse_settings(["remapping"])
+    with pytest.raises(ValueError, match="no field"):
+        changed_config({"no_such_pass": "OFF"})

@@ -121,10 +121,14 @@ def grappler_config(gpus: bool | None = None) -> Any:
     - the layout optimizer, which converts convolutions to NCHW for GPUs only (with no GPU
       it converts nothing); it stays on when TensorFlow sees a GPU (`gpus`, default: asks).
 
-    With both off the node dicts were equal, name for name, to the default config's on 13
-    steps: ResNet50 (and under mixed_float16), MobileNetV2 (and with recompute sqrt, and
-    SGD), EfficientNetB0, DenseNet121, InceptionV3, VGG16, NASNetMobile, ConvNeXtTiny (XLA
-    function calls), an LSTM/GRU model (while loops) and keras-hub's RetinaNet (a cond).
+    With both off the node dicts were equal, name for name, to the default config's on the
+    16 steps of `bench/grappler_config.py`: ResNet50 (and under mixed_float16), MobileNetV2
+    (and with recompute sqrt, and SGD), EfficientNetB0, DenseNet121, InceptionV3, VGG16,
+    NASNetMobile, ConvNeXtTiny (XLA function calls), an LSTM/GRU model (while loops),
+    keras-hub's RetinaNet (a cond; and with recompute), a dense MLP and a ViT. The other
+    passes change nodes: without the remapper (it fuses nothing in these unplaced graphs)
+    its topological sort is missing and nodes move (MobileNetV2: 140); without the memory
+    optimizer RetinaNet's `AddN`s are not turned into accumulators.
     """
     from tensorflow.core.protobuf import config_pb2, rewriter_config_pb2
 
