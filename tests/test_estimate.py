@@ -147,6 +147,13 @@ def test_drop_identity_n_rewires_consumers_and_control_edges():
     # An IdentityN that returns the function's results stays (grappler keeps it too).
     ops = [OpInfo("i", "IdentityN", ["a:0"], ["i:0"], [0])]
     assert drop_identity_n(ops, fetches=["i:0"]) == ops
+    # So does one grappler kept (a custom gradient's): its consumers wait for all its inputs.
+    ops = [
+        OpInfo("i", "IdentityN", ["a:0", "b:0"], ["i:0", "i:1"], [0, 0]),
+        OpInfo("s", "AddN", ["i:1", "c:0"], ["s:0"], [64]),
+    ]
+    assert drop_identity_n(ops, fetches=["s:0"], keep={"i"}) == ops
+    assert ops[1].inputs == ["i:1", "c:0"]
 
 
 def test_single_thread_order_runs_one_chain_and_stacks_the_other_branches():
@@ -248,6 +255,43 @@ def test_rewire_as_grappler_takes_its_wiring_where_both_agree():
     assert ops[5].inputs == ["s:0"]  # another op type there: left as traced
     kept = prune_dead(ops, fetches=["grad:0", "fused:0"], effects=set())
     assert "bx" not in [op.name for op in kept]
+
+
+def test_rewire_narrows_an_identity_n_whose_unread_outputs_grappler_dropped():
+    # A custom gradient's IdentityN passes the segment's gradients, then tensors nothing
+    # reads; grappler keeps the node with the gradients only (and reshapes folded away).
+    from memfit.backend.tf_graph import OpInfo
+    from memfit.backend.tf_grappler import GrapplerNode, rewire_as_grappler
+
+    def step() -> list[OpInfo]:
+        return [
+            OpInfo("dx", "Conv2DBackpropInput", [], ["dx:0"], [4096]),
+            OpInfo("db", "BiasAddGrad", [], ["db:0"], [64]),
+            OpInfo("r", "Reshape", ["db:0"], ["r:0"], [0]),
+            OpInfo("v", "ReadVariableOp", [], ["v:0"], [0]),
+            OpInfo(
+                "i",
+                "IdentityN",
+                ["dx:0", "r:0", "v:0"],
+                ["i:0", "i:1", "i:2"],
+                [0, 0, 0],
+                alias=[0, 1, 2],
+                output_shapes=[((4,), 4)] * 3,
+            ),
+            OpInfo("sum", "AddN", ["i:1", "db:0"], ["sum:0"], [64]),
+        ]
+
+    nodes = {"i": GrapplerNode(4, "IdentityN", ["dx:0", "db:0"])}
+    ops = step()
+    assert rewire_as_grappler(ops, nodes) == 1
+    assert ops[4].inputs == ["dx:0", "db:0"]
+    assert ops[4].outputs == ["i:0", "i:1"] and ops[4].alias == [0, 1]
+    assert len(ops[4].output_shapes) == 2
+    # A dropped output that the trace does read: the op stays as traced.
+    ops = step()
+    ops[5].inputs = ["i:2", "db:0"]
+    assert rewire_as_grappler(ops, nodes) == 0
+    assert ops[4].outputs == ["i:0", "i:1", "i:2"]
 
 
 def test_rewire_that_would_make_a_loop_keeps_the_traced_wiring():

@@ -52,6 +52,48 @@ def _with_threads(graph: Any, threads: int) -> Any:
     return copied
 
 
+def _shared_head_step() -> Any:
+    """A pyramid-like model whose 4-conv head (a nested model) runs on 5 levels, b8, traced
+    with recompute sqrt (each head call recomputed): the pending `TracedStep`."""
+    import keras
+
+    from memfit.estimation import _start_trace
+    from memfit.workload import Workload
+
+    inputs = keras.Input((64, 64, 3))
+    x = keras.layers.Conv2D(16, 3, padding="same", activation="relu")(inputs)
+    levels = []
+    for i in range(5):
+        x = keras.layers.Conv2D(16, 3, strides=2 if i else 1, padding="same", activation="relu")(x)
+        levels.append(x)
+    convs = [keras.layers.Conv2D(16, 3, padding="same", activation="relu") for _ in range(4)]
+    head = keras.Sequential([keras.Input((None, None, 16)), *convs], name="head")
+    pooled = [keras.layers.GlobalAveragePooling2D()(head(level)) for level in levels]
+    model = keras.Model(inputs, keras.layers.Dense(10)(keras.layers.Concatenate()(pooled)))
+    model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return _start_trace(Workload(model), 8, "sqrt")
+
+
+def test_a_custom_gradients_identity_n_grappler_keeps_stays_a_barrier() -> None:
+    # Grappler keeps a recomputed call's gradient IdentityN where bypassing it would add
+    # edges (here four of the five head calls': 9 gradients in, 8 sums out), and TensorFlow's
+    # executor runs its consumers (a shared kernel's gradient summed over the calls, then
+    # the kernel's update) only once all of the call's gradients exist, its input gradient
+    # included (RetinaNet's executor log). The replay keeps those, with grappler's inputs
+    # (the traced op's unread outputs dropped), and drops the others as grappler does.
+    pending = _shared_head_step()
+    step = pending.result()
+    kept = {name for name, node in pending._nodes.items() if node.type == "IdentityN"}
+    barriers = [op for op in step.ops if op.type == "IdentityN"]
+    assert kept and {op.name for op in barriers} == kept
+    produced_by = {name: op.type for op in step.ops for name in op.outputs}
+    for op in barriers:
+        assert op.inputs == pending._nodes[op.name].inputs
+        assert len(op.outputs) == len(op.inputs)
+        kinds = {produced_by.get(name) for name in op.inputs}
+        assert {"Conv2DBackpropInput", "Conv2DBackpropFilter"} <= kinds
+
+
 def test_recomputed_activations_go_early_under_two_inter_op_threads(recompute_step: Any) -> None:
     """With two inter-op threads a segment's weight gradients run as soon as they are ready.
 

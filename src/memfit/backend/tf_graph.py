@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -101,7 +102,9 @@ class StepGraph:
     argument_shapes: list[Shape] = field(default_factory=list)
 
 
-def drop_identity_n(ops: list[OpInfo], fetches: list[str]) -> list[OpInfo]:
+def drop_identity_n(
+    ops: list[OpInfo], fetches: list[str], keep: Collection[str] = ()
+) -> list[OpInfo]:
     """Remove `IdentityN` ops as grappler's dependency optimizer does before the step runs.
 
     Keras passes all gradients through one `IdentityN` before the optimizer's update. In the
@@ -113,6 +116,14 @@ def drop_identity_n(ops: list[OpInfo], fetches: list[str]) -> list[OpInfo]:
     its own gradient is ready, during the backward pass, and frees its temporaries early.
     Allocator traces of ResNet50 show update kernels (`AssignSubVariableOp`) interleaved with
     backward kernels, which a barrier would rule out.
+
+    `keep`: the `IdentityN`s grappler kept (`tf_grappler.grappler_graph`), which TensorFlow
+    runs as barriers: a custom gradient's (`tf.recompute_grad`: each recomputed segment's
+    gradients pass through one), whose consumers wait for all of the segment's gradients. In
+    RetinaNet's recompute step a pyramid level's head weight gradients reach their sum over
+    the levels only with that level's input gradient, so each head kernel's update runs after
+    the last read of the kernel (TensorFlow's executor log; dropped, the update copied ten
+    kernels a step that TensorFlow never copies).
     """
     fetched = set(fetches)
     renamed: dict[str, str] = {}
@@ -122,6 +133,7 @@ def drop_identity_n(ops: list[OpInfo], fetches: list[str]) -> list[OpInfo]:
     for op in ops:
         if (
             op.type == "IdentityN"
+            and op.name not in keep
             and len(op.inputs) == len(op.outputs)
             and not fetched.intersection(op.outputs)
         ):

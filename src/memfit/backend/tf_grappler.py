@@ -177,24 +177,51 @@ def rewire_as_grappler(ops: list[OpInfo], nodes: dict[str, GrapplerNode]) -> int
     """Give each op the data inputs grappler gave its node, where both graphs agree.
 
     Only an op whose node kept its type and whose inputs all exist in the trace is
-    rewired; ops nothing reads any more are then pruned (`prune_dead`). Returns how many
-    ops changed.
+    rewired; ops nothing reads any more are then pruned (`prune_dead`). An `IdentityN`
+    grappler kept with fewer inputs loses the outputs it dropped, where nothing reads them
+    (`_drop_unread_outputs`). Returns how many ops changed.
     """
     tensors = {name for op in ops for name in op.outputs}
     original = [list(op.inputs) for op in ops]
     changed = 0
+    read = {name for op in ops for name in op.inputs}
+    narrowed: list[tuple[OpInfo, dict[str, Any]]] = []
     for op in ops:
         node = nodes.get(op.name)
         if node is None or node.type != op.type or node.inputs == op.inputs:
             continue
-        if len(node.inputs) != len(op.inputs) or not all(t in tensors for t in node.inputs):
+        if not all(t in tensors for t in node.inputs):
+            continue
+        if len(node.inputs) < len(op.inputs) and op.type == "IdentityN":
+            before = _drop_unread_outputs(op, len(node.inputs), read)
+            if before is not None:
+                narrowed.append((op, before))
+        if len(node.inputs) != len(op.inputs):
             continue
         op.inputs = list(node.inputs)
         changed += 1
     if changed and not is_acyclic(ops):
         # Matched by name, a node grappler merged or rewrote can take an input from later in
         # the step (ConvNeXt's GELU gradients: a loop across blocks); keep the trace's wiring.
+        for op, before in narrowed:
+            vars(op).update(before)
         for op, inputs in zip(ops, original, strict=True):
             op.inputs = inputs
         return 0
     return changed
+
+
+def _drop_unread_outputs(op: OpInfo, count: int, read: set[str]) -> dict[str, Any] | None:
+    """Keep the first `count` inputs and outputs of an `IdentityN` whose others nothing reads.
+
+    A custom gradient's `IdentityN` (`tf.recompute_grad`) passes the gradients of its
+    segment's inputs and variables, then tensors nothing reads; grappler keeps the node and
+    drops those. Returns the fields as they were (None: unchanged, a later output is read).
+    """
+    if any(name in read for name in op.outputs[count:]):
+        return None
+    fields = ("inputs", "outputs", "output_bytes", "alias", "output_shapes")
+    before = {name: getattr(op, name) for name in fields}
+    for name in fields:
+        setattr(op, name, before[name][:count])
+    return before

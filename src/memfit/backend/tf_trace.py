@@ -191,7 +191,8 @@ class TracedStep:
     def _as_run(self, step: StepGraph, effects: set[str]) -> None:
         """Rewire and prune `step` as grappler's graph runs (grappler has finished)."""
         rewire_as_grappler(step.ops, self._nodes)
-        step.ops = prune_dead(drop_identity_n(step.ops, step.fetches), step.fetches, effects)
+        kept = {name for name, node in self._nodes.items() if node.type == "IdentityN"}
+        step.ops = prune_dead(drop_identity_n(step.ops, step.fetches, kept), step.fetches, effects)
         if step.layer_tree is not None:
             step.layer_tree.choose_policy(op.name for op in step.ops)
         if self._rank is None:  # grappler's graph is the same at every batch size
