@@ -129,6 +129,7 @@ class TracedStep:
     ) -> None:
         self._nodes: dict[str, GrapplerNode] = {}
         self._rank: dict[str, int] | None = None
+        self._kept: set[str] = set()  # the IdentityNs grappler keeps (`drop_identity_n`)
         self._describe: Callable[[int], tuple[StepGraph, set[str]]] | None = None
         self._thread = threading.Thread(
             target=self._optimize,
@@ -190,13 +191,14 @@ class TracedStep:
 
     def _as_run(self, step: StepGraph, effects: set[str]) -> None:
         """Rewire and prune `step` as grappler's graph runs (grappler has finished)."""
-        rewire_as_grappler(step.ops, self._nodes)
-        kept = {name for name, node in self._nodes.items() if node.type == "IdentityN"}
-        step.ops = prune_dead(drop_identity_n(step.ops, step.fetches, kept), step.fetches, effects)
-        if step.layer_tree is not None:
-            step.layer_tree.choose_policy(op.name for op in step.ops)
         if self._rank is None:  # grappler's graph is the same at every batch size
             self._rank = {name: node.rank for name, node in self._nodes.items()}
+            self._kept = {name for name, node in self._nodes.items() if node.type == "IdentityN"}
+        rewire_as_grappler(step.ops, self._nodes)
+        kept = drop_identity_n(step.ops, step.fetches, self._kept)
+        step.ops = prune_dead(kept, step.fetches, effects)
+        if step.layer_tree is not None:
+            step.layer_tree.choose_policy(op.name for op in step.ops)
         step.node_rank = self._rank
 
 
