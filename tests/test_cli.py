@@ -129,3 +129,60 @@ def test_a_what_if_row_says_whether_it_saves_or_adds_memory():
     assert _effect(3 << 20) == "saves 3.00 MiB"
     assert _effect(-(768 << 10)) == "adds 768.00 KiB"
     assert _effect(None) == ""
+
+
+def _leave_with(monkeypatch, code, *, tensorflow=True, threads=()):
+    """`memfit.cli._leave(code)`, its exits recorded instead of taken."""
+    import sys
+    import threading
+    import types
+
+    import memfit.cli as cli_module
+
+    calls = []
+    if tensorflow:
+        fake = sys.modules.get("tensorflow") or types.ModuleType("tensorflow")
+        monkeypatch.setitem(sys.modules, "tensorflow", fake)
+    else:
+        monkeypatch.delitem(sys.modules, "tensorflow", raising=False)
+    main = threading.main_thread()
+    monkeypatch.setattr(threading, "enumerate", lambda: [main, *threads])
+    monkeypatch.setattr(cli_module.atexit, "_run_exitfuncs", lambda: calls.append("atexit"))
+    monkeypatch.setattr(cli_module.os, "_exit", lambda status: calls.append(("_exit", status)))
+    try:
+        cli_module._leave(code)
+    except SystemExit as exc:
+        calls.append(("sys.exit", exc.code))
+    return calls
+
+
+def test_leaving_runs_the_exit_handlers_then_skips_tensorflows_teardown(monkeypatch):
+    assert _leave_with(monkeypatch, 3) == ["atexit", ("_exit", 3)]
+
+
+def test_leaving_waits_for_other_threads_and_needs_tensorflow_to_skip(monkeypatch):
+    import types
+
+    worker = types.SimpleNamespace(daemon=False)  # a thread still writing, say
+    assert _leave_with(monkeypatch, 0, threads=[worker]) == [("sys.exit", 0)]
+    daemon = types.SimpleNamespace(daemon=True)
+    assert _leave_with(monkeypatch, 0, threads=[daemon]) == ["atexit", ("_exit", 0)]
+    assert _leave_with(monkeypatch, 2, tensorflow=False) == [("sys.exit", 2)]
+
+
+def test_the_console_entry_keeps_exit_handlers_and_the_status(tmp_path):
+    import subprocess
+    import sys
+
+    marker = tmp_path / "handler-ran"
+    code = (
+        "import atexit, sys, tensorflow\n"
+        "from memfit.cli import run\n"
+        f"atexit.register(lambda: open({str(marker)!r}, 'w').write('yes'))\n"
+        "sys.argv = ['memfit', 'doctor', '--memory', 'banana']\n"
+        "run()\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr
+    assert "not a memory size" in proc.stderr
+    assert marker.read_text() == "yes"

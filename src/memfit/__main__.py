@@ -1,5 +1,5 @@
 """`python -m memfit` runs the command line."""
 
-from memfit.cli import main
+from memfit.cli import run
 
-main()
+run()
