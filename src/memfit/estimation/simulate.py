@@ -72,8 +72,16 @@ PHASES = ("forward", "backward", "update")
 # A resource variable's handle tensor (`VarHandleOp`'s 200-byte `ResourceHandle`), one
 # 256-byte chunk per variable for the life of the variable.
 RESOURCE_HANDLE_BYTES = 200
-# Steps the replay measures after the warm-up (the highest peak counts).
-STEPS = 2
+# Steps the replay measures after the warm-up (the highest peak counts): as many as the
+# accuracy benchmark measures in each process (5 after a warm-up). One order in every step
+# does not make every step peak alike: weights that an update copies (copy-on-write) or whose
+# new value it adopts move every step, so the free chunks differ from one step to the next,
+# and so does the chunk a large request gets whole. EfficientNetB0's recompute step, one
+# inter-op thread: TensorFlow's profile (224 px, batch 16) holds the replay's tensors at each
+# step's peak and copies the replay's 46 weights a step; at batch 32 its steps peaked at
+# 995-1138 MiB (3 processes of 8), the replay's at 1015-1131 (10 steps), and the highest of
+# the replay's first two was 1069.3 MiB, of five 1082.8.
+STEPS = 5
 
 
 def replay(
@@ -91,7 +99,10 @@ def replay(
     As a measuring process gets there: each variable is made as Keras makes it (see
     `_replay_once`), then the batch; one warm-up step settles the allocator's free chunks,
     and the highest peak of the next `steps` steps is the step's peak (`memfit.measure`
-    reports the highest of its repeats). `step_peak_bytes` is that peak less what was in
+    reports the highest of its repeats). Weights that move every step (an update that
+    copies its variable or adopts its new value's buffer) leave the free chunks different
+    after each step even in one fixed order, so the steps' peaks differ by the chunk excess
+    of their largest requests (`STEPS`). `step_peak_bytes` is that peak less what was in
     use before the steps. `region_bytes`: the allocator holds that budget as one region from
     the start (an emulated card, a GPU with memory growth off); None: it grows in regions.
 
