@@ -13,7 +13,7 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
-from memfit.demo.job import BATCH, LARGE, TARGET_BATCH, Settings, write_data
+from memfit.demo.job import BATCH, LARGE, MEASURED_STEPS, TARGET_BATCH, Settings, write_data
 from memfit.demo.render import outcome_text, size_text
 
 
@@ -104,7 +104,14 @@ class StepChecks:
         peaks = [self.measured_peak] if self.measured_peak else []
         while len(peaks) < self.settings.measured_processes:
             code, step, stderr = self.memfit(
-                "measure", model, "--data", data, "--batch-size", str(BATCH), "--repeats", "2"
+                "measure",
+                model,
+                "--data",
+                data,
+                "--batch-size",
+                str(BATCH),
+                "--repeats",
+                str(MEASURED_STEPS),
             )
             if step is None or step.get("oom") or not step.get("peak_bytes"):
                 what = (step or {}).get("oom_message") or stderr

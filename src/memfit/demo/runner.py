@@ -21,6 +21,7 @@ from memfit.demo.job import (
     BATCH,
     DATA_ENV,
     DEFAULT_MEMORY,
+    MEASURED_STEPS,
     TARGET_BATCH,
     Settings,
 )
@@ -120,7 +121,8 @@ class Demo(StepChecks):
             "the estimate, made without running, is within 15% of the step's measured peak "
             f"(the highest of {s.measured_processes} fresh processes)",
             f"memfit estimate {model} --data {large} --batch-size {BATCH}  and  "
-            f"memfit measure {model} --data {large} --batch-size {BATCH} --repeats 2",
+            f"memfit measure {model} --data {large} --batch-size {BATCH} "
+            f"--repeats {MEASURED_STEPS}",
             lambda: self.check_estimate(model, large),
         )
         if not s.quick:
