@@ -176,8 +176,12 @@ def soak_rise(rise: float, soaked_peak: int | None, trial_peak: int | None) -> f
 
 def next_soak_size(peaks: dict[int, int], failed: int, limit: int, rise: float) -> int:
     """The size the next soak trains after `failed` did not hold: smaller than `failed`, and
-    the largest predicted to stay within `limit` with `rise` (0 when none is)."""
-    return min(failed - 1, soak_size(peaks, failed, limit, rise))
+    the largest predicted to stay within `limit` with `rise`; at least batch 1 (only a soak
+    may say it does not train: a rise measured at a large size, applied to the whole peak,
+    can predict every size over the limit), 0 once batch 1 itself failed."""
+    if failed <= 1:
+        return 0
+    return max(1, min(failed - 1, soak_size(peaks, failed, limit, rise)))
 
 
 def peak_envelope(peaks: dict[int, int]) -> dict[int, int]:
