@@ -125,6 +125,16 @@ def _executor_inputs(
     order the executor meets them (drawn from `seed` when given), whether its kernel is
     inexpensive, and the inter-op threads.
 
+    A drawn order shuffles every op's successors, wider than TensorFlow's own variation under
+    one inter-op thread (an `EdgeSet` keeps up to four out-edges in an array in the graph's
+    node order; only more than four go to a hash set whose order can change between
+    processes). The width stands in for what the replay does not model: the threads' timing,
+    which changes from one step to the next, and the allocator histories it leaves. Shuffling
+    only the hash sets brought ResNet50's recompute step (224 px b32, default threading)
+    from +5.0% to -1.4%, but the accuracy benchmark's default-threading median from 2.1% to
+    3.1% and its coverage from 64 to 59 of 64 cases; under one thread only, the pinned
+    coverage from 63 to 61 (bench/RESULTS.md, "A sampled process's orders").
+
     All but the drawn order are the same for every order of the graph (a sampled process
     draws one for each of its steps): made once and cached on the graph.
     """
