@@ -173,6 +173,21 @@ def test_layer_tree_keeps_same_named_layers_of_two_heads_apart() -> None:
     assert tree.layer_of("adam/Mul") == ""
 
 
+def test_the_resident_batch_is_inputs() -> None:
+    # `memfit.measure` makes the batch before the steps: resident, after the variables.
+    info = _info()
+    info.batch_bytes = 500  # rounded to the allocator's 512
+    explanation = explain_live_set(
+        live_at_peak(_records(STEP, RESIDENT)), info, measured_peak_bytes=None
+    )
+    kinds = explanation.by_kind
+    assert kinds["inputs"] == 512
+    assert kinds["other_state"] == 1024 - 512
+    assert explanation.listed_bytes == explanation.peak_bytes
+    layers = {row["layer"]: row for row in explanation.per_layer}
+    assert layers["(batch)"]["inputs_bytes"] == 512
+
+
 def test_top_layers_are_compared_with_the_estimate() -> None:
     explanation = explain_live_set(live_at_peak(_records(STEP, RESIDENT)), _info())
     estimate = {
@@ -211,6 +226,10 @@ def test_measure_explain_lists_the_measured_peak() -> None:
     assert 2 * 29290 * 4 <= kinds["optimizer_slots_bytes"] < 2 * 29290 * 4 + 16 * 256
     step = ("activations_bytes", "temporaries_bytes", "workspace_bytes", "gradients_bytes")
     assert kinds["activations_bytes"] > 0 and kinds["workspace_bytes"] > 0
+    # The batch (16 images of 64x64x3 and their labels) is held in the emulated card's
+    # allocator, as a GPU holds it, before the steps: resident, listed as inputs.
+    images = 16 * 64 * 64 * 3 * 4
+    assert images <= kinds["inputs_bytes"] <= images + 16 * 8 + 512
     assert sum(kinds[k] for k in step) > result["peak"] / 2
     layers = [row["layer"] for row in e["per_layer"]]
     assert {"conv2d", "conv2d_1"} <= set(layers[:5])

@@ -229,3 +229,40 @@ def test_state_variables_hold_weights_and_optimizer_state_once_each() -> None:
     # Kernel and bias; Adam's iterations, learning rate and two slots per weight.
     assert len(model.variables) == 2
     assert len(state) >= 2 + 2 + 2 * 2
+
+
+def test_a_batch_on_an_emulated_card_is_held_in_its_allocator() -> None:
+    # A GPU holds the batch a step reads; on a CPU TensorFlow keeps a NumPy array outside its
+    # allocator, so on a card emulated there the batch is copied in (`tfb.hold_on_device`).
+    import os
+
+    from helpers import run_isolated
+
+    got = run_isolated(
+        """
+        import numpy as np
+        import memfit
+        from memfit.backend import tf as tfb
+        tf = tfb.import_tf()
+        import keras
+        from memfit.workload import Workload
+        inputs = keras.Input((64, 64, 3))
+        model = keras.Model(inputs, keras.layers.Dense(2)(keras.layers.Flatten()(inputs)))
+        model.compile("sgd", "mse")
+        workload = Workload(model)
+        before = tfb.memory_info("CPU:0")["current"]
+        x, y = workload.batch(16)
+        held = tfb.memory_info("CPU:0")["current"] - before
+        plain = tf.constant(np.ones((16, 64, 64, 3), "float32"))
+        emit({
+            "held": held,
+            "plain": tfb.memory_info("CPU:0")["current"] - before - held,
+            "batch": sum(int(t.shape.num_elements()) * t.dtype.size for t in (x, y)),
+            "same": bool(tf.reduce_all(x == workload.batch(16)[0])),
+        })
+        """,
+        env={"MEMFIT_MEMORY": "1GiB", "PYTHONPATH": os.path.dirname(__file__)},
+    )
+    assert got["plain"] == 0  # what TensorFlow does with a NumPy array on a CPU
+    assert got["batch"] <= got["held"] <= got["batch"] + 2 * 256
+    assert got["same"]

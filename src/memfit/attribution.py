@@ -213,8 +213,11 @@ class StepInfo:
         tree: the model's layers, for attributing op names.
         variables: every variable resident before the step, model's and optimizer's.
         optimizer_name: the optimizer's name scope (`adam`), whose ops are the update.
+        batch_bytes: the batch the measured steps read, made before them (resident:
+            `inputs`, not `other_state`).
     """
 
     tree: LayerTree
     variables: list[VariableInfo] = field(default_factory=list)
     optimizer_name: str = ""
+    batch_bytes: int = 0

@@ -45,6 +45,7 @@ from memfit.sizes import format_size
 GRANULE = 256  # the BFC allocator's rounding
 OTHER = "(other)"
 RESIDENT_REST = "(resident, not a variable)"
+BATCH = "(batch)"
 TOP_LAYERS = 5
 LARGEST = 10
 _INPUT_OPS = ("Iterator", "Optional", "optional", "Prefetch", "TensorSliceDataset")
@@ -283,7 +284,12 @@ class Explanation:
 
 
 def _attribute_resident(resident: int, info: StepInfo) -> list[tuple[str, str, int]]:
-    """Resident bytes as (layer, kind, bytes): the variables, then what is left."""
+    """Resident bytes as (layer, kind, bytes): the variables, the batch, then what is left.
+
+    `memfit.measure` makes the batch before the steps (in the device's allocator, as a GPU
+    holds it: `tfb.hold_on_device`), so it is resident with the variables, and `inputs` as
+    the estimate shows it (`StepInfo.batch_bytes`).
+    """
     rows: list[tuple[str, str, int]] = []
     left = resident
     order = {"weights": 0, "optimizer_slots": 1, "other_state": 2}
@@ -293,6 +299,10 @@ def _attribute_resident(resident: int, info: StepInfo) -> list[tuple[str, str, i
         nbytes = min(_round(var.nbytes), left)
         rows.append((var.layer or OTHER, var.kind, nbytes))
         left -= nbytes
+    batch = min(_round(info.batch_bytes), left) if info.batch_bytes else 0
+    if batch > 0:
+        rows.append((BATCH, "inputs", batch))
+        left -= batch
     if left > 0:
         rows.append((RESIDENT_REST, "other_state", left))
     return rows

@@ -300,7 +300,15 @@ def measure_workload(
                 result.peaks_bytes.append(peak)
             if recorder is not None and not result.oom:
                 progress(f"batch {batch_size}: reading the profile to explain the peak")
-                result.explanation = _explain(workload, recorder.stop(), device, batch_size, result)
+                batches = [data] if warm_data is data else [data, warm_data]
+                batch_bytes = sum(
+                    int(t.shape.num_elements() or 0) * t.dtype.size
+                    for t in tf.nest.flatten(batches)
+                    if isinstance(t, tf.Tensor)
+                )
+                result.explanation = _explain(
+                    workload, recorder.stop(), device, batch_size, result, batch_bytes
+                )
             del data, warm_data, x, y
     finally:
         if recorder is not None:
@@ -319,16 +327,23 @@ def measure_workload(
 
 
 def _explain(
-    workload: Workload, records: list[Any], device: str, batch_size: int, result: Measurement
+    workload: Workload,
+    records: list[Any],
+    device: str,
+    batch_size: int,
+    result: Measurement,
+    batch_bytes: int = 0,
 ) -> Any:
     """What was alive at the measured steps' peak, from their allocator records."""
     from memfit.backend.tf_profile import step_info
     from memfit.explain import explain_records
 
+    info = step_info(workload)
+    info.batch_bytes = batch_bytes  # made before the steps: resident, as the variables
     return explain_records(
         workload,
         records,
-        info=step_info(workload),
+        info=info,
         device=device,
         batch_size=int(batch_size),
         measured_peak_bytes=max(result.peaks_bytes) if result.peaks_bytes else None,

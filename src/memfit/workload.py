@@ -153,10 +153,14 @@ class Workload:
 
     # -- batches ----------------------------------------------------------------------------
     def batch(self, batch_size: int) -> tuple[Any, Any]:
-        """One batch `(x, y)` of `batch_size` samples as TensorFlow tensors."""
+        """One batch `(x, y)` of `batch_size` samples as TensorFlow tensors.
+
+        Held where a GPU holds it: on a card emulated on the CPU, in the card's allocator
+        (`tfb.hold_on_device`), so a step measured there counts the batch it reads.
+        """
         if self.data is not None:
-            return self._batch_from_data(batch_size)
-        return self._synthetic_batch(batch_size)
+            return tfb.hold_on_device(self._batch_from_data(batch_size))
+        return tfb.hold_on_device(self._synthetic_batch(batch_size))
 
     def synthetic_batch_bytes(self, batch_size: int) -> int | None:
         """Bytes of a synthesised batch's inputs and targets (None when data is given)."""
