@@ -301,13 +301,8 @@ def measure_workload(
             if recorder is not None and not result.oom:
                 progress(f"batch {batch_size}: reading the profile to explain the peak")
                 batches = [data] if warm_data is data else [data, warm_data]
-                batch_bytes = sum(
-                    int(t.shape.num_elements() or 0) * t.dtype.size
-                    for t in tf.nest.flatten(batches)
-                    if isinstance(t, tf.Tensor)
-                )
                 result.explanation = _explain(
-                    workload, recorder.stop(), device, batch_size, result, batch_bytes
+                    workload, recorder.stop(), device, batch_size, result, batches
                 )
             del data, warm_data, x, y
     finally:
@@ -332,14 +327,21 @@ def _explain(
     device: str,
     batch_size: int,
     result: Measurement,
-    batch_bytes: int = 0,
+    batches: Any = (),
 ) -> Any:
-    """What was alive at the measured steps' peak, from their allocator records."""
+    """What was alive at the measured steps' peak, from their allocator records.
+
+    `batches`: the tensors the steps read, made before them (resident, as the variables).
+    """
+    from memfit.backend.tf_kernels import tensor_bytes
     from memfit.backend.tf_profile import step_info
     from memfit.explain import explain_records
 
+    tf = tfb.import_tf()
     info = step_info(workload)
-    info.batch_bytes = batch_bytes  # made before the steps: resident, as the variables
+    info.batch_bytes = sum(
+        tensor_bytes(t.shape, t.dtype) for t in tf.nest.flatten(batches) if isinstance(t, tf.Tensor)
+    )
     return explain_records(
         workload,
         records,
