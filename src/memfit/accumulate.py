@@ -14,7 +14,14 @@ The step is two compiled functions, so that an out-of-memory error can be recove
   (it cannot silently drop out of it).
 
 Each input shape and each K is traced concretely (no shape relaxation): detectors such as
-keras-hub's RetinaNet build anchors from the static image size.
+keras-hub's RetinaNet build anchors from the static image size. Where the micro-batches are
+all of one size (K divides the batch into equal parts), each is traced with that static batch
+size, so models that need one (the Model Garden's Mask R-CNN samplers) can be split.
+
+The gradients of a micro-batch come from one of three places: Keras' own `train_step`
+(a compiled Keras 3 or tf_keras model), a `loss_fn(x, y)` (a custom loop), or the user's own
+whole training step, `step_fn(data, optimizer)` (a Model Garden task's `train_step`), run
+per micro-batch with its `optimizer.apply_gradients` call captured instead of applied.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ from collections.abc import Callable
 from typing import Any
 
 from memfit.backend import tf as tfb
+from memfit.backend import tf_keras_compat as compat
 from memfit.errors import MemfitError
 
 
@@ -39,6 +47,12 @@ class AccumulatingStep:
             and metrics.
         recompute: a `memfit.Recompute` of `model`: its training forward is traced
             segmented (gradient checkpointing); None: the model's own.
+        step_fn: `step_fn(data, optimizer) -> logs`, a whole training step of your own (it
+            computes the gradients of `data` and calls `optimizer.apply_gradients` once), run
+            per micro-batch with that call captured; `logs` is the loss or a dict with a
+            `"loss"`. Given with `optimizer`, instead of `loss_fn`.
+        metrics: metric objects your `step_fn` updates, put back with the loss tracker
+            after an out-of-memory error.
 
     Example:
         ```python
@@ -49,14 +63,23 @@ class AccumulatingStep:
     """
 
     def __init__(
-        self, model: Any, optimizer: Any = None, loss_fn: Any = None, recompute: Any = None
+        self,
+        model: Any,
+        optimizer: Any = None,
+        loss_fn: Any = None,
+        recompute: Any = None,
+        step_fn: Any = None,
+        metrics: Any = None,
     ) -> None:
         self.model = model
         self.optimizer = optimizer if optimizer is not None else model.optimizer
         self.loss_fn = loss_fn
+        self.step_fn = step_fn
+        self.metrics = list(metrics or [])
         self.recompute = recompute
+        self.tf_keras = compat.is_tf_keras(model)
         self.loss_tracker: Any = None
-        if loss_fn is not None:
+        if loss_fn is not None or step_fn is not None:
             keras = tfb.import_keras()
             with model.distribute_strategy.scope():
                 self.loss_tracker = keras.metrics.Mean(name="loss")
@@ -105,12 +128,20 @@ class AccumulatingStep:
             count = (total + micro - 1) // micro
             accumulators = [tf.zeros_like(v) for v in variables]
 
+            static = tf.nest.flatten(x)[0].shape[0]
+            # Micro-batches all of one size (K divides the batch): traced with that size.
+            size = -(-static // k) if static is not None else None
+            even = (static, size) if size is not None and static % size == 0 else None
+
             def body(i: Any, acc: list[Any]) -> tuple[Any, list[Any]]:
                 start = i * micro
                 end = tf.minimum(start + micro, total)
-                part = _slice((x, y, sample_weight), start, end)
                 share = tf.cast(end - start, tf.float32) / tf.cast(total, tf.float32)
-                grads = self._micro_gradients(variables, *part, share)
+                if self.step_fn is not None:
+                    grads = self._step_gradients(variables, _slice(data, start, end, even), share)
+                else:
+                    part = _slice((x, y, sample_weight), start, end, even)
+                    grads = self._micro_gradients(variables, *part, share)
                 out = []
                 for index, (a, g) in enumerate(zip(acc, grads, strict=True)):
                     if g is None:
@@ -261,32 +292,78 @@ class AccumulatingStep:
             if self.loss_fn is not None:
                 loss = self.loss_fn(x, y)
                 y_pred = None
+                self.loss_tracker.update_state(loss, sample_weight=count)
+                loss = loss / replicas if replicas > 1 else loss
+            elif self.tf_keras:
+                # tf_keras' compiled loss tracks itself and comes scaled for the replicas.
+                y_pred = model(x, training=True)
+                loss = model.compute_loss(x, y, y_pred, sample_weight)
             else:
                 y_pred = model(x, training=True) if model._call_has_training_arg else model(x)
                 loss = model._compute_loss(
                     x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=True
                 )
-            if self.loss_fn is None:
                 # The replica's unscaled loss, weighted by its samples (as Keras does).
                 unscaled = loss * tf.cast(replicas, loss.dtype) if replicas > 1 else loss
                 model._loss_tracker.update_state(unscaled, sample_weight=count)
-            else:
-                self.loss_tracker.update_state(loss, sample_weight=count)
-                loss = loss / replicas if replicas > 1 else loss
-            scaled = self.optimizer.scale_loss(loss) * tf.cast(share, loss.dtype)
-        grads = tape.gradient(scaled, variables)
+            scaled = compat.scale_loss(self.optimizer, loss) * tf.cast(share, loss.dtype)
+        grads = compat.unscale_gradients(self.optimizer, tape.gradient(scaled, variables))
         if self.loss_fn is None:
             model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
         return grads
 
+    def _step_gradients(self, variables: list[Any], data: Any, share: Any) -> list[Any]:
+        """The user's `step_fn` for one micro-batch, its update captured: the gradients it
+        would have applied (per variable of `variables`, None where it gave none), weighted
+        by `share`."""
+        tf = tfb.import_tf()
+        captured: list[Any] = []
+
+        def capture(grads_and_vars: Any, *args: Any, **kwargs: Any) -> None:
+            captured.append(list(grads_and_vars))
+
+        optimizer = self.optimizer
+        optimizer.apply_gradients = capture  # the instance's, for this trace only
+        try:
+            logs = self.step_fn(data, optimizer)
+        finally:
+            del optimizer.apply_gradients
+        if len(captured) != 1:
+            raise MemfitError(
+                f"step_fn called optimizer.apply_gradients {len(captured)} times for one "
+                f"batch; memfit needs exactly one call (the update of the whole batch)"
+            )
+        loss = logs.get("loss") if isinstance(logs, dict) else logs
+        if loss is None or not hasattr(loss, "dtype") or loss.shape.rank not in (0, None):
+            keys = f" (its keys: {', '.join(map(str, logs))})" if isinstance(logs, dict) else ""
+            raise MemfitError(
+                f"step_fn returned no loss{keys}: return the batch's mean loss, or logs "
+                f"with a 'loss' entry"
+            )
+        self.loss_tracker.update_state(loss, sample_weight=tf.shape(tf.nest.flatten(data)[0])[0])
+        by_variable = {id(v): g for g, v in captured[0]}
+        grads = []
+        for v in variables:
+            g = by_variable.get(id(v))
+            if g is not None:
+                if isinstance(g, tf.IndexedSlices):
+                    g = tf.convert_to_tensor(g)
+                g = g * tf.cast(share, g.dtype)
+            grads.append(g)
+        return grads
+
     def metric_variables(self) -> list[Any]:
         """The variables the gradients phase updates (metrics, loss trackers)."""
+        extra = [v for metric in self.metrics for v in metric.variables]
         if self.loss_tracker is not None:
-            return list(self.loss_tracker.variables)
+            return [*self.loss_tracker.variables, *extra]
+        if self.tf_keras:
+            return [v for metric in self.model.metrics for v in metric.variables]
         return list(self.model.metrics_variables)
 
     def results(self) -> dict[str, Any]:
-        """The step's logs: the model's metric results, or `{"loss": ...}` with a `loss_fn`."""
+        """The step's logs: the model's metric results, or `{"loss": ...}` with a `loss_fn`
+        or `step_fn`."""
         if self.loss_tracker is not None:
             return {"loss": self.loss_tracker.result()}
         return self.model.get_metrics_result()
@@ -305,10 +382,18 @@ def _unpack(data: Any) -> tuple[Any, Any, Any]:
     return data, None, None
 
 
-def _slice(structure: Any, start: Any, end: Any) -> Any:
+def _slice(structure: Any, start: Any, end: Any, even: tuple[int, int] | None = None) -> Any:
+    """Samples `start:end` of every tensor. With `even = (batch, micro)` (every micro-batch
+    has `micro` samples), a tensor whose first dimension is `batch` gets `micro` as its
+    static first dimension, as a batch of that size would have."""
     tf = tfb.import_tf()
 
     def cut(t: Any) -> Any:
-        return None if t is None else t[start:end]
+        if t is None:
+            return None
+        part = t[start:end]
+        if even is not None and t.shape.rank and t.shape[0] == even[0]:
+            part.set_shape([even[1], *t.shape[1:]])
+        return part
 
     return tf.nest.map_structure(cut, structure)
