@@ -20,6 +20,7 @@ import numpy as np
 
 from memfit.accumulate import AccumulatingStep
 from memfit.backend import tf as tfb
+from memfit.backend import tf_keras_compat as compat
 from memfit.budget import as_budget, emulated_budget
 from memfit.checks import check_positive_int
 from memfit.distributed import CANNOT_GO_ON, OUT_OF_MEMORY, WENT_THROUGH, Agreement
@@ -48,14 +49,24 @@ class GuardedStep:
 
     Used by `memfit.fit`; use it directly in a custom (GradientTape) training loop: give it
     your optimizer and a `loss_fn(x, y)` that calls the model and returns the mean loss of
-    the samples it gets, and call it once per batch instead of your tape-and-apply code.
+    the samples it gets, and call it once per batch instead of your tape-and-apply code. A
+    training step of your own that computes the gradients and applies them (a TF Model
+    Garden task's `train_step`, see `GuardedStep.from_task`) is given whole as `step_fn`.
+    Keras 3 and tf_keras (Keras 2) models and optimizers both work, legacy tf_keras
+    optimizers and loss-scale optimizers included.
 
     Args:
-        model: a Keras model: compiled, with Keras' standard `train_step`; or any model when
-            `optimizer` and `loss_fn` are given.
+        model: a Keras 3 or tf_keras model: compiled, with Keras' standard `train_step`; or
+            any model when `optimizer` and `loss_fn` (or `step_fn`) are given.
         optimizer: the optimizer of a custom loop (default: the model's).
         loss_fn: `loss_fn(x, y) -> scalar` of a custom loop: the mean loss over the samples of
             `x` (it is called per micro-batch and weighted by its share of the batch).
+        step_fn: `step_fn(data, optimizer) -> logs`, your whole training step for one batch:
+            it computes the gradients of `data`'s mean loss and calls
+            `optimizer.apply_gradients` once, and returns the loss (or a dict with
+            `"loss"`). memfit runs it per micro-batch with that call captured, and applies
+            the summed gradients once. Instead of `loss_fn`.
+        metrics: metric objects `step_fn` updates: put back as they were after a failed try.
         micro_batches: K to start with for every input shape.
         guard_update: snapshot the state the optimizer update changes before it runs:
             `"auto"` while the update's own peak is unknown or leaves under 20% of the budget
@@ -88,20 +99,29 @@ class GuardedStep:
         *,
         optimizer: Any = None,
         loss_fn: Callable[[Any, Any], Any] | None = None,
+        step_fn: Callable[[Any, Any], Any] | None = None,
+        metrics: list[Any] | None = None,
         guard_update: bool | str = "auto",
         on_recovery: Callable[[Recovery], None] | None = None,
         verbose: bool = True,
         budget: Any = None,
         recompute: Any = None,
     ) -> None:
-        if (optimizer is None) != (loss_fn is None):
+        if loss_fn is not None and step_fn is not None:
+            raise MemfitError("give GuardedStep loss_fn= or step_fn=, not both")
+        custom = loss_fn if loss_fn is not None else step_fn
+        if (optimizer is None) != (custom is None):
             raise MemfitError(
-                "a custom training loop gives GuardedStep both optimizer= and loss_fn=; a "
-                "compiled model gives neither"
+                "a custom training loop gives GuardedStep both optimizer= and loss_fn= (or "
+                "step_fn=); a compiled model gives neither"
             )
-        check_trainable_model(model, custom_loop=loss_fn is not None)
+        check_trainable_model(model, custom_loop=custom is not None)
         if loss_fn is not None and not callable(loss_fn):
             raise MemfitError(f"loss_fn must be a function loss_fn(x, y), got {loss_fn!r}")
+        if step_fn is not None and not callable(step_fn):
+            raise MemfitError(
+                f"step_fn must be a function step_fn(data, optimizer), got {step_fn!r}"
+            )
         if guard_update not in (True, False, "auto"):
             raise MemfitError(f"guard_update must be True, False or 'auto', got {guard_update!r}")
         self.model = model
@@ -115,10 +135,16 @@ class GuardedStep:
 
         self.recompute = as_recompute(model, recompute)
         self._step = AccumulatingStep(
-            model, optimizer=optimizer, loss_fn=loss_fn, recompute=self.recompute
+            model,
+            optimizer=optimizer,
+            loss_fn=loss_fn,
+            recompute=self.recompute,
+            step_fn=step_fn,
+            metrics=metrics,
         )
         self._agreement = Agreement(model.distribute_strategy)
         self.optimizer = self._step.optimizer
+        self._built = False
         self._k: dict[str, int] = {}
         self._traced: set[tuple[str, int]] = set()
         self._update_peak: int | None = None
@@ -133,10 +159,11 @@ class GuardedStep:
     # -- the step ---------------------------------------------------------------------------
     def __call__(self, data: Any) -> dict[str, Any]:
         """Train one batch `(x, y)` / `(x, y, sample_weight)`; returns the logs."""
-        if not self.optimizer.built:
+        if not self._built:
             # Built before the first step, so a guarded update has all its state to save.
             with self.model.distribute_strategy.scope():
-                self.optimizer.build(self.model.trainable_variables)
+                compat.build_optimizer(self.optimizer, self.model.trainable_variables)
+            self._built = True
         if self._step.loss_tracker is not None:
             self._step.loss_tracker.reset_state()  # a custom loop gets this batch's loss
         key, shapes, batch = _signature(data)
@@ -301,7 +328,7 @@ class GuardedStep:
     def _state_variables(self) -> list[Any]:
         seen: set[int] = set()
         out = []
-        for v in [*self.model.trainable_variables, *self.optimizer.variables]:
+        for v in [*self.model.trainable_variables, *compat.optimizer_variables(self.optimizer)]:
             if id(v) not in seen:
                 seen.add(id(v))
                 out.append(v)
@@ -314,6 +341,60 @@ class GuardedStep:
     def _restore(self, snapshot: list[np.ndarray]) -> None:
         for v, value in zip(self._state_variables(), snapshot, strict=True):
             tfb.assign_exact(v, value)
+
+    @classmethod
+    def from_task(
+        cls,
+        task: Any,
+        model: Any,
+        optimizer: Any,
+        *,
+        metrics: list[Any] | None = None,
+        **kwargs: Any,
+    ) -> GuardedStep:
+        """A guarded step that trains with a TF Model Garden task's own `train_step`.
+
+        The task's step (its forward, its losses, its loss scaling) runs per micro-batch as
+        `task.train_step(data, model, optimizer, metrics)`; memfit captures the update it
+        would make, sums the micro-batches' gradients and applies them once. Each
+        micro-batch's loss is normalised by that micro-batch alone (RetinaNet divides by its
+        positive anchors): with K > 1 the update is close to the whole batch's, not equal
+        (see docs/fit.md).
+
+        Args:
+            task: an `official.core.base_task.Task` (e.g. `task_factory.get_task(config.task)`).
+            model: the task's model (`task.build_model()`).
+            optimizer: the optimizer to train with (`task.create_optimizer(...)`).
+            metrics: the metrics the task's step updates (default:
+                `task.build_metrics(training=True)`).
+            **kwargs: as `GuardedStep` (`micro_batches`, `guard_update`, `budget`, ...).
+
+        Returns:
+            The `GuardedStep`: call it with each batch of `task.build_inputs(...)`.
+
+        Example:
+            ```python
+            task = task_factory.get_task(config.task)
+            model = task.build_model()
+            optimizer = task.create_optimizer(config.trainer.optimizer_config, config.runtime)
+            step = memfit.GuardedStep.from_task(task, model, optimizer)
+            for data in task.build_inputs(config.task.train_data).take(100):
+                logs = step(data)
+            ```
+        """
+        train_step = getattr(task, "train_step", None)
+        if not callable(train_step) or not callable(getattr(task, "build_model", None)):
+            raise MemfitError(
+                f"expected a TF Model Garden task (official.core.base_task.Task, with "
+                f"build_model and train_step), got {type(task).__name__}"
+            )
+        if metrics is None:
+            metrics = list(task.build_metrics(training=True) or [])
+
+        def step_fn(data: Any, step_optimizer: Any) -> Any:
+            return train_step(data, model, step_optimizer, metrics)
+
+        return cls(model, optimizer=optimizer, step_fn=step_fn, metrics=metrics, **kwargs)
 
     def resume_micro_batches(self, micro_batches: dict[str, int]) -> None:
         """Start input shapes at the K an earlier run settled on (its `summary.micro_batches`).
@@ -359,10 +440,12 @@ class GuardedStep:
 def check_trainable_model(model: Any, custom_loop: bool = False) -> None:
     """Refuse a model `GuardedStep` cannot train: not a Keras model, uncompiled, own train_step.
 
+    Keras 3 models and tf_keras (Keras 2) models are both accepted.
+
     Args:
         model: what the user passed as the model.
-        custom_loop: the model is trained by a custom loop (its optimizer and loss are given
-            apart): only checks that it is a `keras.Model`.
+        custom_loop: the model is trained by a custom loop (its optimizer and loss or step
+            are given apart): only checks that it is a Keras 3 or tf_keras model.
 
     Raises:
         MemfitError: what is wrong with the model and what to do.
@@ -373,18 +456,26 @@ def check_trainable_model(model: Any, custom_loop: bool = False) -> None:
         ```
     """
     keras = tfb.import_keras()
-    if not isinstance(model, keras.Model):
+    if not compat.is_model(model):
         raise MemfitError(
-            f"expected a keras.Model, got {type(model).__name__}: pass the model object"
+            f"expected a Keras model (keras.Model or tf_keras.Model), got "
+            f"{type(model).__name__}: pass the model object"
         )
     if custom_loop:
         return
-    if getattr(model, "optimizer", None) is None or not getattr(model, "compiled", False):
+    compiled = getattr(model, "compiled", None)
+    if compiled is None:  # tf_keras: compiled once it has a compiled loss
+        compiled = getattr(model, "compiled_loss", None) is not None
+    if getattr(model, "optimizer", None) is None or not compiled:
         raise MemfitError(
             f"model {model.name!r} was never compiled: call model.compile(optimizer=..., "
             f"loss=...) first"
         )
     base = keras.Model.train_step
+    if compat.is_tf_keras(model):
+        import tf_keras  # present: the model is one of its own
+
+        base = tf_keras.Model.train_step
     own = type(model).train_step
     if own is not base and getattr(own, "__qualname__", "").split(".")[0] not in (
         "TensorFlowTrainer",
@@ -392,8 +483,9 @@ def check_trainable_model(model: Any, custom_loop: bool = False) -> None:
     ):
         raise MemfitError(
             f"{type(model).__name__} overrides train_step, which memfit cannot split into "
-            f"micro-batches; use memfit.GuardedStep with a compiled model that keeps Keras' "
-            f"train_step, or train it with model.fit"
+            f"micro-batches; give that step to memfit.GuardedStep(model, optimizer=..., "
+            f"step_fn=...) (a TF Model Garden task: GuardedStep.from_task), or train it with "
+            f"model.fit"
         )
 
 

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from memfit.backend import tf as tfb
+from memfit.backend import tf_keras_compat as compat
 from memfit.backup import Backup
 from memfit.checks import check_batch_size
 from memfit.distributed import fix_keras_multi_worker_build
@@ -65,7 +66,8 @@ def fit(
     `history.memfit` holds a `FitSummary`: K per input shape, each `Recovery`, the updates.
 
     Args:
-        model: a compiled Keras model with Keras' standard `train_step`.
+        model: a compiled Keras 3 or tf_keras (Keras 2) model with Keras' standard
+            `train_step` (a step of your own: `memfit.GuardedStep` with `step_fn`).
         x, y, ..., validation_freq: as `model.fit`. A `tf.data.Dataset` yields batches (as in
             Keras), and they are the effective batches; a `batch_size` larger than them
             re-batches the dataset to it, a smaller one is an error.
@@ -106,9 +108,20 @@ def fit(
     """
     check_trainable_model(model)
     tf = tfb.import_tf()
+    tf_keras = compat.is_tf_keras(model)
     if batch_size is not None:
         batch_size = check_batch_size(batch_size)
-    if getattr(model, "steps_per_execution", 1) != 1:
+    if tf_keras and backup_dir is not None:
+        raise MemfitError(
+            "backup_dir works with Keras 3 models; for a tf_keras model keep checkpoints with "
+            "tf_keras.callbacks.BackupAndRestore (or the Model Garden's own checkpointing)"
+        )
+    if tf_keras:
+        executions = getattr(model, "_steps_per_execution", None)
+        executions = 1 if executions is None else int(executions.numpy())
+    else:
+        executions = getattr(model, "steps_per_execution", 1)
+    if executions != 1:
         raise MemfitError(
             "memfit.fit needs steps_per_execution=1 (it guards each step on its own); "
             "compile the model without steps_per_execution"
@@ -132,7 +145,7 @@ def fit(
         budget=budget,
         recompute=recompute,
     )
-    tracker = _epoch_tracker(step)
+    tracker = _epoch_tracker(step, tf_keras)
     backup = None
     if backup_dir is not None:
         backup = Backup(backup_dir, save_freq=save_freq, keep=keep_backup)
@@ -152,7 +165,7 @@ def fit(
 
     train_function.guarded_step = step  # type: ignore[attr-defined]  # read by memfit.Watch
     model.train_function = train_function
-    keras_build = fix_keras_multi_worker_build(model)
+    keras_build = (lambda: None) if tf_keras else fix_keras_multi_worker_build(model)
     try:
         with backup.handling_signals() if backup is not None else contextlib.nullcontext():
             history = model.fit(
@@ -180,9 +193,13 @@ def fit(
     return history
 
 
-def _epoch_tracker(step: GuardedStep) -> Any:
-    """A Keras callback that tells `step` which epoch runs (for its recovery records)."""
-    keras = tfb.import_keras()
+def _epoch_tracker(step: GuardedStep, tf_keras: bool = False) -> Any:
+    """A Keras callback that tells `step` which epoch runs (for its recovery records); a
+    tf_keras one for a tf_keras model's `fit`."""
+    if tf_keras:
+        import tf_keras as keras  # present: the model is one of its own
+    else:
+        keras = tfb.import_keras()
 
     class EpochTracker(keras.callbacks.Callback):
         def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
