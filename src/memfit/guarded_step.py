@@ -275,6 +275,7 @@ class GuardedStep:
         if failure is not None and fatal is None:
             peak = self._peak()
             gc.collect()
+            tfb.clear_step_resources()  # what the failed step left in TensorFlow (see there)
             if escalate and k >= batch:
                 fatal = _one_sample_too_big(failure, phase, shapes, peak)
             else:

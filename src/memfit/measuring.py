@@ -281,6 +281,7 @@ def measure_workload(
                         )
                     del logs
                 except tf.errors.ResourceExhaustedError as exc:
+                    tfb.clear_step_resources()  # for the next batch size measured here
                     result.oom = True
                     result.oom_message = tfb.oom_summary(exc)
                     info = tfb.memory_info(device) or {"peak": 0}

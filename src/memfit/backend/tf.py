@@ -6,7 +6,8 @@ concept and are re-exported here:
 
 - `memfit.backend.tf_import`: importing TensorFlow and Keras, versions;
 - `memfit.backend.tf_devices`: devices, allocator limits, memory statistics;
-- `memfit.backend.tf_oom`: the out-of-memory error, a step stalled in allocator retry;
+- `memfit.backend.tf_oom`: the out-of-memory error, a step stalled in allocator retry, the
+  per-step resources a failed step leaves;
 - `memfit.backend.tf_introspect`: a train function's `tf.function`s, a dataset's graph;
 - `memfit.backend.tf_summary`: TensorBoard scalars.
 
@@ -54,6 +55,7 @@ from memfit.backend.tf_oom import (
     ALLOCATOR_RETRY_SECONDS,
     AllocatorStallWatch,
     allocator_stall_detectable,
+    clear_step_resources,
     is_oom,
     oom_summary,
 )
@@ -71,6 +73,7 @@ __all__ = [
     "ScalarWriter",
     "allocator_stall_detectable",
     "assign_exact",
+    "clear_step_resources",
     "cpu_allocator_limit",
     "cpu_bfc_enabled",
     "dataset_graph",

@@ -1,16 +1,21 @@
-"""TensorFlow's out-of-memory: its error recognised, and a CPU step stalled before it.
+"""TensorFlow's out-of-memory: its error recognised, a CPU step stalled before it, and what a
+failed step leaves behind.
 
 `is_oom` and `oom_summary` read `ResourceExhaustedError`; `AllocatorStallWatch` notices a step
-waiting in the BFC allocator's retry seconds before that error is raised.
+waiting in the BFC allocator's retry seconds before that error is raised;
+`clear_step_resources` frees the per-step resources (grappler's temporary variables) a step
+that failed left in TensorFlow's eager context.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import sys
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 from memfit.backend.tf_import import is_imported
 
@@ -31,6 +36,89 @@ def oom_summary(exc: BaseException) -> str:
             return line.strip()[:300]
     first = next((line.strip() for line in text.splitlines() if line.strip()), "")
     return first[:300]
+
+
+def clear_step_resources() -> bool:
+    """Free the per-step resources a failed step left in TensorFlow's eager context.
+
+    Grappler's memory optimizer rewrites a sum of more than two tensors (`AddN`: the gradient of
+    a weight or an activation used in several places, as a detector's heads shared over its
+    feature levels) into a `TemporaryVariable` accumulator that a `DestroyTemporaryVariable`
+    frees at the end. The variable lives in the eager context's per-step resource container,
+    so when the step fails in between (an OOM) it stays there, buffer and all: memory leaks
+    with every failed try, and the next run of a function with that accumulator fails with
+    `AlreadyExistsError ... TemporaryVariable`. TensorFlow empties the container only when
+    its count of active steps (`TFE_ContextStartStep` / `TFE_ContextEndStep`, which Python
+    does not expose) returns to zero; this starts and ends a step, through the C API, which
+    swaps in a fresh container and frees the old one's resources on every local device.
+
+    Call it between steps, after a failed one, while no other thread runs TensorFlow ops (a
+    function running meanwhile holds on to the container being replaced). It costs
+    microseconds and nothing when there is nothing to free.
+
+    Returns:
+        Whether the container was emptied: False when TensorFlow is not initialised (nothing
+        ran) or its library does not export the two calls.
+
+    Example:
+        ```python
+        try:
+            step(big_batch)
+        except tf.errors.ResourceExhaustedError:
+            clear_step_resources()     # before any step runs again
+            step(small_batch)
+        ```
+    """
+    if not is_imported():
+        return False
+    from tensorflow.python.eager import context
+
+    handle = getattr(context.context(), "_handle", None)
+    calls = _step_calls()
+    if handle is None or calls is None:
+        return False
+    get_pointer = ctypes.pythonapi.PyCapsule_GetPointer
+    get_pointer.restype = ctypes.c_void_p
+    get_pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+    pointer = get_pointer(handle, None)
+    start, end = calls
+    start(pointer)
+    end(pointer)
+    return True
+
+
+_STEP_CALLS: list[Any] = []
+
+
+def _step_calls() -> tuple[Any, Any] | None:
+    """TensorFlow's `TFE_ContextStartStep` and `TFE_ContextEndStep`, or None if not found."""
+    if not _STEP_CALLS:
+        _STEP_CALLS.append(_find_step_calls())
+    return _STEP_CALLS[0]
+
+
+def _find_step_calls() -> tuple[Any, Any] | None:
+    tf_dir = os.path.dirname(sys.modules["tensorflow"].__file__ or "")
+    names = (
+        "libtensorflow_cc.so.2",
+        "libtensorflow_cc.2.dylib",
+        "libtensorflow_framework.so.2",
+        os.path.join("python", "_pywrap_tensorflow_internal.so"),
+    )
+    for name in names:
+        path = os.path.join(tf_dir, name)
+        if not os.path.exists(path):
+            continue
+        try:
+            library = ctypes.CDLL(path)  # already loaded by TensorFlow: the same copy
+            start, end = library.TFE_ContextStartStep, library.TFE_ContextEndStep
+        except (OSError, AttributeError):
+            continue
+        for call in (start, end):
+            call.restype = None
+            call.argtypes = [ctypes.c_void_p]
+        return start, end
+    return None
 
 
 # TensorFlow's BFC allocator waits this long for memory to be returned before it refuses an
