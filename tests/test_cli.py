@@ -186,3 +186,37 @@ def test_the_console_entry_keeps_exit_handlers_and_the_status(tmp_path):
     assert proc.returncode == 2, proc.stderr
     assert "not a memory size" in proc.stderr
     assert marker.read_text() == "yes"
+
+
+def _with_tests_on_path() -> dict[str, str]:
+    """PYTHONPATH for the CLI's child processes: the test modules (`option_models`) ahead of
+    the memfit under test (kept, not replaced: a worktree's own memfit, say)."""
+    import os
+
+    tests = os.path.dirname(__file__)
+    return {"PYTHONPATH": os.pathsep.join(p for p in (tests, os.environ.get("PYTHONPATH")) if p)}
+
+
+# A dataset that repeats for ever (the Model Garden's input pipelines do) used to hang
+# `memfit batch --data`: its child counted the samples one by one. Now the largest samples are
+# picked among the first SAMPLES_READ (1000); a usual answer takes about 10 s.
+@pytest.mark.timeout(180)
+def test_batch_answers_for_a_dataset_that_repeats_for_ever():
+    args = ("batch", "option_models:any_size_cnn", "--memory", "300MiB", "--max-batch", "4")
+    proc = run_cli(
+        *args, "--data", "option_models:repeated_samples", "--json", env=_with_tests_on_path()
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    data = json.loads(proc.stdout)
+    assert data["batch_size"] == 4 and data["stopped_by"] == "max_batch"
+    assert data["worst_case_samples"] is True and data["samples_read"] == 1000
+
+
+@pytest.mark.timeout(180)
+def test_batch_answers_for_an_endless_generator_and_says_what_it_read():
+    args = ("batch", "option_models:any_size_cnn", "--memory", "300MiB", "--max-batch", "2")
+    data = ("--data", "option_models:endless_generator_samples", "--soak-steps", "0")
+    proc = run_cli(*args, *data, env=_with_tests_on_path())
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "largest batch: 2" in proc.stdout
+    assert "largest of the dataset's first 1000 samples" in proc.stdout

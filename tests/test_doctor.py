@@ -79,3 +79,33 @@ def test_emulate_warns_in_python_when_the_card_is_larger_than_the_host():
         """
     )
     assert len(out) == 1 and "of RAM" in out[0], out
+
+
+def test_doctor_reports_keras_2_absent_and_a_legacy_switch_without_it():
+    # tf_keras is not installed in this environment (tests/tf_keras/test_doctor.py has it).
+    out = run_isolated(
+        """
+        import os, sys
+        import memfit
+        from memfit.backend import tf as tfb
+        os.environ.pop("TF_USE_LEGACY_KERAS", None)
+        plain = memfit.doctor().to_dict()
+        os.environ["TF_USE_LEGACY_KERAS"] = "1"
+        switched = memfit.doctor().to_dict()
+        emit({"plain": plain, "switched": switched, "initialised": tfb.is_initialized(),
+              "imported": "tf_keras" in sys.modules})
+        """
+    )
+    assert out["initialised"] is False and out["imported"] is False
+    plain, switched = out["plain"], out["switched"]
+    assert plain["legacy_keras"] == {
+        "tf_keras_version": None,
+        "tf_use_legacy_keras": False,
+        "model_garden_version": None,
+    }
+    assert plain["versions"]["tf_keras"] is None
+    assert not [f for f in plain["findings"] if f["topic"] in ("tf_keras", "model garden")]
+    assert switched["legacy_keras"]["tf_use_legacy_keras"] is True
+    (problem,) = [f for f in switched["findings"] if f["topic"] == "tf_keras"]
+    assert problem["level"] == "problem" and "tf_keras is not installed" in problem["message"]
+    assert "pip install tf_keras" in problem["fix"] and switched["ok"] is False

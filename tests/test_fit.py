@@ -230,6 +230,10 @@ attempt("uncompiled", lambda: memfit.fit(raw, x, y, batch_size=4, verbose=0))
 ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(8)
 attempt("batched", lambda: memfit.fit(build(), ds, batch_size=4, verbose=0))
 attempt("not_a_model", lambda: memfit.fit("model.keras", x, y, batch_size=4))
+# Keras 3 would train the first epoch of a dataset that repeats for ever for ever.
+attempt("endless", lambda: memfit.fit(build(), ds.repeat(), epochs=1, verbose=0))
+errors["with_steps"] = len(memfit.fit(build(), ds.repeat(), steps_per_epoch=2, verbose=0)
+                           .history["loss"])
 emit(errors)
 """
     )
@@ -238,6 +242,8 @@ emit(errors)
     assert "never compiled" in result["uncompiled"]
     assert "already batched by 8" in result["batched"]
     assert "expected a keras.Model" in result["not_a_model"]
+    assert "repeats for ever" in result["endless"] and "steps_per_epoch=N" in result["endless"]
+    assert result["with_steps"] == 1  # with steps_per_epoch it trains, and the epoch ends
 
 
 @pytest.mark.slow

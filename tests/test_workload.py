@@ -14,7 +14,13 @@ import pytest
 import tensorflow as tf
 
 from memfit.errors import MemfitWarning, WorkloadError
-from memfit.workload import Workload, shape_list
+from memfit.workload import (
+    SAMPLES_READ,
+    Workload,
+    count_samples,
+    readable_samples,
+    shape_list,
+)
 
 keras = tf.keras
 
@@ -202,6 +208,55 @@ def test_an_empty_dataset_is_refused_without_worst_case() -> None:
     empty = _ragged_data().take(0)
     with pytest.raises(WorkloadError, match="data is empty"):
         Workload(_sequence_model(), data=empty).batch(1)
+
+
+def _endless() -> Any:
+    """A Python generator that never ends: a dataset of unknown length that never stops."""
+
+    def gen() -> Any:
+        i = 0
+        while True:
+            yield [float(i)], [0.0]
+            i += 1
+
+    spec = (tf.TensorSpec((None,), tf.float32), tf.TensorSpec((None,), tf.float32))
+    return tf.data.Dataset.from_generator(gen, output_signature=spec)
+
+
+@pytest.mark.timeout(120)  # a dataset counted element by element would hang here
+def test_datasets_of_infinite_or_unknown_length_are_read_up_to_samples_read() -> None:
+    assert count_samples(tf.data.Dataset.range(5)) == 5
+    assert count_samples(tf.data.Dataset.range(5).repeat()) is None  # never read
+    assert count_samples(tf.data.Dataset.range(9).filter(lambda i: i % 2 == 0)) == 5
+    assert count_samples(tf.data.Dataset.range(50).filter(lambda i: i >= 0), limit=10) is None
+    assert count_samples(_endless()) is None
+    finite = tf.data.Dataset.range(2 * SAMPLES_READ)
+    assert readable_samples(finite) is finite  # a known length is read whole
+    for dataset in (tf.data.Dataset.range(3).repeat(), _endless()):
+        read = readable_samples(dataset).reduce(np.int64(0), lambda n, *_: n + 1)
+        assert int(read) == SAMPLES_READ
+
+
+@pytest.mark.timeout(120)
+def test_worst_case_on_a_dataset_that_repeats_for_ever_picks_among_its_first_samples() -> None:
+    worst = Workload(_sequence_model(), data=_ragged_data().repeat(), worst_case=True)
+    assert worst.samples_read == SAMPLES_READ
+    ranked = worst.ranked_samples()
+    assert len(ranked) == SAMPLES_READ
+    assert ranked[:3] == [3, 7, 11]  # the largest sample of each pass
+    assert worst.largest_sample()["input_shapes"] == [[4]]
+    x, y = worst.batch(2)
+    np.testing.assert_array_equal(x.numpy(), [[5, 6, 7, 8], [5, 6, 7, 8]])
+    np.testing.assert_array_equal(y.numpy(), [[3, 3, 3], [3, 3, 3]])
+    first = Workload(_sequence_model(), data=_endless())  # the first samples, never ending
+    x, _ = first.batch(3)
+    np.testing.assert_array_equal(x.numpy(), [[0], [1], [2]])
+    assert (
+        Workload(
+            _sequence_model(), data=tf.data.Dataset.from_tensor_slices(([[1.0]], [[1.0]]))
+        ).samples_read
+        is None
+    )  # a dataset of known length is read whole
 
 
 # -- steps ------------------------------------------------------------------------------------

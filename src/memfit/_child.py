@@ -361,13 +361,13 @@ def _stall_exits(device: str, resident: int, limit: int | None = None) -> Any:
     return tfb.AllocatorStallWatch(answer_oom, pressed=pressed)
 
 
-def dataset_size(spec: str) -> int:
-    """Number of samples a `package.module:dataset_fn` dataset yields (reads it once)."""
-    dataset = load_dataset(spec)
-    count = int(dataset.cardinality())
-    if count >= 0:
-        return count
-    return sum(1 for _ in dataset)
+def dataset_size(spec: str) -> int | None:
+    """Number of samples a `package.module:dataset_fn` dataset yields, or None when it repeats
+    for ever or is longer than `SAMPLES_READ` of unknown length (`workload.count_samples`: a
+    bounded read, never element by element through an infinite dataset)."""
+    from memfit.workload import count_samples
+
+    return count_samples(load_dataset(spec))
 
 
 def load_dataset(spec: str) -> Any:

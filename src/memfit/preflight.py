@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import sys
 from dataclasses import asdict, dataclass, field
@@ -46,7 +47,12 @@ class Finding:
 
 @dataclass
 class DoctorReport:
-    """Everything `memfit doctor` found: devices, versions, budget and findings."""
+    """Everything `memfit doctor` found: devices, versions, budget and findings.
+
+    `legacy_keras` is Keras 2 as this environment has it: `tf_keras_version` (None when not
+    installed), `tf_use_legacy_keras` (TF_USE_LEGACY_KERAS is set: `tf.keras` is tf_keras),
+    `model_garden_version` (tf-models-official, which builds tf_keras models).
+    """
 
     devices: list[dict[str, Any]] = field(default_factory=list)
     host_memory: dict[str, int] = field(default_factory=dict)
@@ -54,6 +60,7 @@ class DoctorReport:
     budget: Budget | None = None
     emulated_budget: Budget | None = None
     tensorflow_initialized: bool = False
+    legacy_keras: dict[str, Any] = field(default_factory=dict)
     findings: list[Finding] = field(default_factory=list)
 
     @property
@@ -76,7 +83,7 @@ class DoctorReport:
         return json_dict(
             self,
             "ok devices host_memory versions budget emulated_budget emulated_memory_growth "
-            "tensorflow_initialized findings problems warnings",
+            "tensorflow_initialized legacy_keras findings problems warnings",
             emulated_memory_growth=emulated_memory_growth() if self.emulated_budget else None,
             problems=len(self.problems),
             warnings=len(self.warnings),
@@ -109,6 +116,7 @@ def doctor() -> DoctorReport:
     except BackendMissingError:
         tf_ok = False
     _check_tensorflow(report, tf_ok)
+    _check_legacy_keras(report)
     gpus, nvml_problem = devices.nvml_gpus()
     tf_gpus = tfb.gpu_settings() if tf_ok else []
     report.tensorflow_initialized = tfb.is_initialized()
@@ -174,19 +182,104 @@ def _check_tensorflow(report: DoctorReport, tf_ok: bool) -> None:
                 "set KERAS_BACKEND=tensorflow",
             )
         )
-    if os.environ.get("TF_USE_LEGACY_KERAS", "").lower() in ("1", "true"):
-        report.findings.append(
-            Finding(
-                WARNING,
-                "keras version",
-                "TF_USE_LEGACY_KERAS is set: tf.keras is Keras 2, which memfit does not support",
-                "unset TF_USE_LEGACY_KERAS and use Keras 3 (import keras)",
-            )
-        )
     cuda = f", built for CUDA {v['cuda']} / cuDNN {v['cudnn']}" if v.get("cuda") else ", CPU build"
     report.findings.append(
         Finding(OK, "tensorflow", f"TensorFlow {v['tensorflow']}, Keras {v.get('keras')}{cuda}")
     )
+
+
+# The values TensorFlow itself reads as set (tensorflow/python/util/lazy_loader.py).
+_LEGACY_KERAS_ON = ("true", "True", "1")
+
+
+def distribution_version(*names: str) -> str | None:
+    """The installed version of a distribution (the first of `names` found), or None.
+
+    Reads package metadata only: nothing is imported, so TensorFlow is not initialised.
+
+    Args:
+        names: distribution names to try, in order (`"tf_keras"`, `"tf-keras"`).
+
+    Example:
+        >>> distribution_version("no-such-distribution") is None
+        True
+    """
+    for name in names:
+        try:
+            return importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def _check_legacy_keras(report: DoctorReport) -> None:
+    """tf_keras (Keras 2), TF_USE_LEGACY_KERAS and the Model Garden: what memfit does with
+    them. Versions come from package metadata: tf_keras is never imported here."""
+    version = distribution_version("tf_keras", "tf-keras")
+    garden = distribution_version("tf-models-official", "tf_models_official")
+    raw = os.environ.get("TF_USE_LEGACY_KERAS")
+    legacy = raw in _LEGACY_KERAS_ON
+    report.legacy_keras = {
+        "tf_keras_version": version,
+        "tf_use_legacy_keras": legacy,
+        "model_garden_version": garden,
+    }
+    report.versions["tf_keras"] = version
+    report.versions["tf_models_official"] = garden
+    if legacy and version is None:
+        report.findings.append(
+            Finding(
+                PROBLEM,
+                "tf_keras",
+                f"TF_USE_LEGACY_KERAS={raw} makes tf.keras the legacy Keras 2 (tf_keras), but "
+                f"tf_keras is not installed: tf.keras fails to import",
+                "pip install tf_keras (the version of your TensorFlow), or unset "
+                "TF_USE_LEGACY_KERAS to use Keras 3",
+            )
+        )
+    elif legacy:
+        report.findings.append(
+            Finding(
+                WARNING,
+                "tf_keras",
+                f"TF_USE_LEGACY_KERAS={raw}: tf.keras is tf_keras {version} (Keras 2), not Keras "
+                f"3; a model built with tf.keras is a Keras 2 model: memfit.Watch and "
+                f"memfit.GuardedStep take it, memfit measure, batch, plan and memfit.fit "
+                f"need Keras 3 models",
+                "for those, build the model with import keras (Keras 3); keep "
+                "TF_USE_LEGACY_KERAS for code that needs Keras 2 (the Model Garden)",
+            )
+        )
+    elif version is not None:
+        report.findings.append(
+            Finding(
+                OK,
+                "tf_keras",
+                f"tf_keras {version} (Keras 2) is installed; TF_USE_LEGACY_KERAS is not set, so "
+                f"tf.keras is Keras 3. memfit.Watch works in tf_keras' model.fit",
+            )
+        )
+    if garden is not None and version is None:
+        report.findings.append(
+            Finding(
+                PROBLEM,
+                "model garden",
+                f"tf-models-official {garden} is installed but tf_keras is not: the Model "
+                f"Garden builds its models with tf_keras",
+                "pip install tf_keras (the version of your TensorFlow)",
+            )
+        )
+    elif garden is not None:
+        report.findings.append(
+            Finding(
+                OK,
+                "model garden",
+                f"tf-models-official {garden} (the TF Model Garden): its tasks build tf_keras "
+                f"models and train them through the task's own train_step, so memfit's Keras 3 "
+                f"tools (measure, batch, plan, memfit.fit) do not apply to them; guard the "
+                f"task's step with memfit.GuardedStep and watch it with memfit.Watch",
+            )
+        )
 
 
 def _check_gpus(

@@ -18,7 +18,7 @@ from memfit.backend import tf_keras_compat as compat
 from memfit.backup import Backup
 from memfit.checks import check_batch_size
 from memfit.distributed import fix_keras_multi_worker_build
-from memfit.errors import MemfitError
+from memfit.errors import DataError, MemfitError
 from memfit.guarded_step import GuardedStep, check_trainable_model
 from memfit.plan_check import check_plan
 from memfit.recovery import Recovery
@@ -70,7 +70,8 @@ def fit(
             `train_step` (a step of your own: `memfit.GuardedStep` with `step_fn`).
         x, y, ..., validation_freq: as `model.fit`. A `tf.data.Dataset` yields batches (as in
             Keras), and they are the effective batches; a `batch_size` larger than them
-            re-batches the dataset to it, a smaller one is an error.
+            re-batches the dataset to it, a smaller one is an error. A dataset that repeats
+            for ever needs `steps_per_epoch` (else its first epoch would never end).
         micro_batches: K to start with (an int, or a `memfit.Plan`); default 1 — memfit
             splits only when a step runs out of memory. A plan holds only for a model built
             with its precision and recompute (`Plan.build_scope()`); any other model is
@@ -127,6 +128,7 @@ def fit(
             "compile the model without steps_per_execution"
         )
     if isinstance(x, tf.data.Dataset):
+        _check_epoch_ends(tf, x, steps_per_epoch)
         x = _rebatched(x, batch_size)
         batch_size = None
     if hasattr(micro_batches, "precision") and hasattr(micro_batches, "remat"):
@@ -206,6 +208,18 @@ def _epoch_tracker(step: GuardedStep, tf_keras: bool = False) -> Any:
             step.epoch = epoch
 
     return EpochTracker()
+
+
+def _check_epoch_ends(tf: Any, dataset: Any, steps_per_epoch: int | None) -> None:
+    """Refuse a dataset that repeats for ever without `steps_per_epoch`: Keras 3 would train
+    its first epoch for ever, without a word."""
+    infinite = int(tf.data.experimental.cardinality(dataset)) == tf.data.INFINITE_CARDINALITY
+    if infinite and steps_per_epoch is None:
+        raise DataError(
+            "the dataset repeats for ever (repeat() with no count) and steps_per_epoch is not "
+            "given: its first epoch would never end; pass steps_per_epoch=N (batches an "
+            "epoch), or drop repeat()"
+        )
 
 
 def _rebatched(dataset: Any, batch_size: int | None) -> Any:

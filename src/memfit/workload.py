@@ -12,6 +12,63 @@ from memfit.errors import WorkloadError
 
 InputShape = Sequence[int] | Sequence[Sequence[int]]
 
+# A dataset that repeats for ever (`repeat()` with no count), or whose length TensorFlow cannot
+# tell (`filter`, `from_generator`), is read up to this many samples: its largest samples are
+# the largest among its first `SAMPLES_READ`, and it is never counted element by element.
+SAMPLES_READ = 1000
+
+
+def readable_samples(dataset: Any, limit: int = SAMPLES_READ) -> Any:
+    """The part of `dataset` memfit reads: all of it when its length is known and finite, else
+    its first `limit` samples (a bounded read: an infinite dataset never hangs memfit).
+
+    Reads nothing: only the dataset's cardinality is looked at.
+
+    Args:
+        dataset: a `tf.data.Dataset`.
+        limit: how many samples to read from a dataset of infinite or unknown length.
+
+    Returns:
+        `dataset` itself, or `dataset.take(limit)`.
+
+    Example:
+        >>> samples = readable_samples(tf.data.Dataset.range(3).repeat())
+        >>> int(samples.cardinality())
+        1000
+    """
+    tf = tfb.import_tf()
+    if int(tf.data.experimental.cardinality(dataset)) >= 0:
+        return dataset
+    return dataset.take(limit)
+
+
+def count_samples(dataset: Any, limit: int = SAMPLES_READ) -> int | None:
+    """How many samples `dataset` yields, or None when it repeats for ever or has more than
+    `limit` (a length TensorFlow cannot tell is counted by reading at most `limit + 1`).
+
+    Args:
+        dataset: a `tf.data.Dataset`.
+        limit: the most samples read to count a dataset of unknown length.
+
+    Returns:
+        The number of samples, or None (infinite, or longer than `limit`).
+
+    Example:
+        >>> count_samples(tf.data.Dataset.range(5).filter(lambda i: i % 2 == 0))
+        3
+        >>> count_samples(tf.data.Dataset.range(5).repeat()) is None
+        True
+    """
+    tf = tfb.import_tf()
+    cardinality = int(tf.data.experimental.cardinality(dataset))
+    if cardinality >= 0:
+        return cardinality
+    if cardinality == tf.data.INFINITE_CARDINALITY:
+        return None
+    # Unknown: count in the dataset's own graph (no sample reaches Python), at most limit + 1.
+    counted = int(dataset.take(limit + 1).reduce(np.int64(0), lambda count, *_: count + 1))
+    return counted if counted <= limit else None
+
 
 class Workload:
     """A compiled Keras model plus the samples one training step is made of.
@@ -37,7 +94,9 @@ class Workload:
         data: a `tf.data.Dataset` of unbatched `(x, y)` samples to take batches from.
         worst_case: build batches from the dataset's largest samples (most input elements —
             the largest images — then most target elements — the most objects) instead of
-            the first ones, so a batch that fits holds for the whole dataset.
+            the first ones, so a batch that fits holds for the whole dataset. A dataset that
+            repeats for ever, or whose length is unknown, is read up to its first
+            `SAMPLES_READ` (1000) samples: the largest among those.
 
     Example:
         >>> workload = Workload(model, input_shape=(160, 160, 3))
@@ -263,7 +322,20 @@ class Workload:
             raise WorkloadError("data is empty: it yields no samples")
         return batch[0], batch[1]
 
-    def _checked_data(self) -> Any:
+    @property
+    def samples_read(self) -> int | None:
+        """How many samples are read from a dataset of infinite or unknown length (its first
+        ones), or None when the whole dataset is read (or no dataset is given)."""
+        if self.data is None:
+            return None
+        tf = tfb.import_tf()
+        if int(tf.data.experimental.cardinality(self._checked_data(bounded=False))) >= 0:
+            return None
+        return SAMPLES_READ
+
+    def _checked_data(self, bounded: bool = True) -> Any:
+        """The dataset, checked to yield `(x, y)` samples; `bounded`: the part of it that is
+        read (`readable_samples`: never an infinite dataset)."""
         tf = tfb.import_tf()
         dataset = self.data
         if not isinstance(dataset, tf.data.Dataset):
@@ -275,12 +347,14 @@ class Workload:
             raise WorkloadError(
                 f"data must yield (x, y) or (x, y, sample_weight) samples; it yields {spec!r}"
             )
-        return dataset
+        return readable_samples(dataset) if bounded else dataset
 
     def ranked_samples(self) -> list[int]:
         """Dataset indices, largest sample first (input elements, then target elements).
 
-        Reads the dataset once (the result is kept); used for worst-case batches.
+        Reads the dataset once (the result is kept); used for worst-case batches. A dataset
+        that repeats for ever, or whose length is unknown, is read up to its first
+        `SAMPLES_READ` samples.
         """
         if self._ranked is None:
             tf = tfb.import_tf()

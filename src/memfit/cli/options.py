@@ -171,7 +171,11 @@ def workload_options(command: Callable[..., Any]) -> Callable[..., Any]:
             "--data",
             "data_spec",
             metavar="MODULE:FN",
-            help="package.module:dataset_fn returning a tf.data.Dataset of (x, y) samples.",
+            help=(
+                "package.module:dataset_fn returning a tf.data.Dataset of (x, y) samples. "
+                "One that repeats for ever (or of unknown length) is read up to its first "
+                "1000 samples."
+            ),
         ),
         click.option(
             "--unsafe",

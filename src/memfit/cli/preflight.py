@@ -50,8 +50,10 @@ def _render_doctor(report: Any) -> None:
         )
     out.print(table)
     v = report.versions
+    legacy = f"  tf_keras {v['tf_keras']}" if v.get("tf_keras") else ""
     out.print(
-        f"TensorFlow {v.get('tensorflow')}  Keras {v.get('keras')}  CUDA {v.get('cuda') or '-'}  "
+        f"TensorFlow {v.get('tensorflow')}  Keras {v.get('keras')}{legacy}  "
+        f"CUDA {v.get('cuda') or '-'}  "
         f"cuDNN {v.get('cudnn') or '-'}  driver {v.get('driver') or '-'}  Python {v.get('python')}"
     )
     if report.budget is not None:

@@ -93,6 +93,9 @@ class BatchSearchResult:
             each other or within the margin), `"max_batch"`, `"dataset_size"`, `"nothing_fits"`.
         worst_case_samples: trials used the dataset's largest samples.
         largest_sample: shapes of that largest sample, when a dataset was given.
+        samples_read: the dataset repeats for ever (or its length is unknown and longer):
+            its largest samples were picked among its first `samples_read`; None when the
+            whole dataset was read.
         seconds: wall time of the search.
         decided_in: `"child_process"` (the trials ran in a child process, replaced after an
             OOM) or `"this_process"` (the model could not be saved for a child).
@@ -127,6 +130,7 @@ class BatchSearchResult:
     stopped_by: str = "bracket"
     worst_case_samples: bool = False
     largest_sample: dict[str, Any] | None = None
+    samples_read: int | None = None
     seconds: float = 0.0
     decided_in: str = "child_process"
     soak_steps: int = 0
@@ -155,8 +159,8 @@ class BatchSearchResult:
         return json_dict(
             self,
             "batch_size margin peak_bytes headroom_bytes limit_bytes budget failing_batch_size "
-            "stopped_by worst_case_samples largest_sample trials decided_in soak_steps "
-            "confirmed_by search_seconds replicas global_batch_size allreduce_bytes",
+            "stopped_by worst_case_samples largest_sample samples_read trials decided_in "
+            "soak_steps confirmed_by search_seconds replicas global_batch_size allreduce_bytes",
             search_seconds=self.seconds,
         )
 
@@ -187,7 +191,12 @@ class BatchSearchResult:
                 f"; confirmed: it trained {self.soak_steps} steps as model.fit runs them, in "
                 f"a fresh process"
             )
-        if self.worst_case_samples:
+        if self.worst_case_samples and self.samples_read:
+            text += (
+                f"; measured on the largest of the dataset's first {self.samples_read} samples "
+                f"(it repeats for ever, or its length is unknown: only those were read)"
+            )
+        elif self.worst_case_samples:
             text += "; measured on the dataset's largest samples, so it holds for all of them"
         return text
 
@@ -385,6 +394,7 @@ def _search(
         limit_bytes=limit,
         worst_case_samples=run.worst_case,
         largest_sample=run.largest_sample,
+        samples_read=run.samples_read,
         decided_in="child_process" if run.in_child else "this_process",
     )
     peaks: dict[int, int] = {}  # sizes that fit -> measured peak

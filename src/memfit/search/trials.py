@@ -16,6 +16,7 @@ from memfit.backend import tf as tfb
 from memfit.budget import Budget
 from memfit.errors import MemfitError, WorkloadError
 from memfit.measuring import Measurement, measure_workload
+from memfit.workload import SAMPLES_READ, readable_samples
 from memfit.workload_spec import WorkloadSpec
 
 # Why an in-process search refuses a MODEL string.
@@ -57,6 +58,8 @@ class TrialRunner:
         self.worst_case = workload.worst_case
         self._tmp = tempfile.TemporaryDirectory(prefix="memfit-search-")
         self.dataset_size: int | None = None
+        # The first samples the largest were picked among, when not the whole dataset.
+        self.samples_read: int | None = None
         self.largest_sample: dict[str, Any] | None = None
         self.resident_bytes: int | None = None
         self.worker: Any = None
@@ -69,13 +72,19 @@ class TrialRunner:
             self._start_child(child_spec(workload, model, self._tmp.name))
             if workload.data is not None:
                 self.dataset_size = _child_dataset_size(workload.data)
+                self.samples_read = None if self.dataset_size is not None else SAMPLES_READ
             return
         if model is None:
             raise WorkloadError(IN_PROCESS_MODEL)
         self.workload = workload.workload(model)
         self.device = tfb.default_device()
         if workload.data is not None:
-            self.dataset_size = len(self.workload.ranked_samples())
+            ranked = len(self.workload.ranked_samples())
+            # Only the first SAMPLES_READ of an infinite (or unknown, longer) dataset are read.
+            if self.workload.samples_read is None or ranked < SAMPLES_READ:
+                self.dataset_size = ranked
+            else:
+                self.samples_read = SAMPLES_READ
             self.largest_sample = self.workload.largest_sample()
         try:
             saved = save_for_child(model, self._tmp.name)
@@ -130,14 +139,14 @@ class TrialRunner:
     def _save_largest_samples(self, path: str) -> None:
         """The dataset's largest samples, largest first, for the child (`Dataset.save`)."""
         tf = tfb.import_tf()
-        dataset = self.workload.data
+        dataset = readable_samples(self.workload.data)
         ranked = self.workload.ranked_samples()
         # Largest first (the child ranks them again, in the same order), else the first ones.
         keep = ranked[:CHILD_SAMPLES] if self.worst_case else list(range(len(ranked)))
         keep = keep[:CHILD_SAMPLES]
         wanted = set(keep)
         chosen: dict[int, Any] = {}
-        for index, sample in enumerate(dataset):
+        for index, sample in enumerate(dataset.take(max(keep) + 1 if keep else 0)):
             if index in wanted:
                 chosen[index] = sample
         ordered = tf.data.Dataset.from_generator(
@@ -230,7 +239,8 @@ def _packages_of(model: Any) -> list[str]:
     return sorted(names - {"keras", "builtins", "__main__"})
 
 
-def _child_dataset_size(spec: str) -> int:
+def _child_dataset_size(spec: str) -> int | None:
     from memfit._runner import run_in_child
 
-    return int(run_in_child("memfit._child:dataset_size", {"spec": spec}))
+    size = run_in_child("memfit._child:dataset_size", {"spec": spec})
+    return None if size is None else int(size)

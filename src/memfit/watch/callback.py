@@ -21,7 +21,7 @@ from memfit.errors import MemfitError
 from memfit.watch.console import WatchConsole
 from memfit.watch.findings import WatchFinding
 from memfit.watch.fit_checks import FitChecks, Thresholds
-from memfit.watch.header import estimate_peak_bytes, run_header
+from memfit.watch.header import estimate_peak_bytes, is_tf_keras, run_header
 from memfit.watch.input_timing import first_input_shape, oom_of, timed_train_function
 from memfit.watch.log import LogWriter, number, summarize
 from memfit.watch.oom_findings import budget_left, oom_finding, others_on_gpu, recovery_finding
@@ -46,10 +46,23 @@ def _own_time(method: Callable[..., Any]) -> Callable[..., Any]:
     return timed
 
 
+def _steps_per_execution(model: Any) -> int:
+    """Batches per call of the train function: Keras 3's attribute, tf_keras' variable."""
+    value = getattr(model, "steps_per_execution", None)
+    if value is None:
+        value = getattr(model, "_steps_per_execution", None)  # tf_keras: a tf.Variable
+    try:
+        return max(1, int(value)) if value is not None else 1
+    except (TypeError, ValueError):
+        return 1
+
+
 class Watch(keras.callbacks.Callback):
     """A Keras callback: per-step memory, time, input wait and loss; findings with a fix.
 
-    Use it with `model.fit(..., callbacks=[memfit.Watch()])` or in `memfit.fit`'s `callbacks`.
+    Use it with `model.fit(..., callbacks=[memfit.Watch()])` or in `memfit.fit`'s `callbacks`;
+    it also works in tf_keras' (Keras 2, the Model Garden's) `model.fit`, and in a custom
+    training loop that makes the calls Keras makes (see "Custom loops" below).
     Each finding is printed once, when it first holds, and kept in `watch.findings`. With
     `log_path` every step goes to a JSON-lines log that `memfit report` turns into one HTML
     page; with `log_dir` memory, step time and input wait also go to TensorBoard. One `Watch`
@@ -67,6 +80,16 @@ class Watch(keras.callbacks.Callback):
     Overhead: a few microseconds of allocator statistics per step, plus taking the next
     batch eagerly (see `memfit.watch.input_timing`); nothing waits for the device that Keras
     does not wait for already (`async_safe`: Keras may run `on_train_batch_end` in a thread).
+
+    Under tf_keras, and in a custom loop, the train function is not wrapped: a step's time
+    runs from one `on_train_batch_begin` to the next (the input wait included, not
+    measured apart) and its peak memory from its `on_train_batch_begin` on.
+
+    Custom loops: call `watch.set_model(model)`, then `on_train_begin()`; per epoch
+    `on_epoch_begin(epoch)`, per step `on_train_batch_begin(batch)` before the step and
+    `on_train_batch_end(batch, {"loss": mean})` after it, with `mean` the epoch's running
+    mean of the loss so far (as Keras logs it: a `keras.metrics.Mean`), then
+    `on_epoch_end(epoch)`; at the end `on_train_end()`, which writes the log's summary.
 
     Args:
         log_path: write the JSON-lines log here (a header per fit, one line per step,
@@ -106,6 +129,10 @@ class Watch(keras.callbacks.Callback):
         # then: memfit report run.jsonl --out report.html
         ```
     """
+
+    # tf_keras' CallbackList asks each callback, before fit starts, whether it takes tensors
+    # in its logs and which batch hooks it implements; Keras 3's Callback has neither.
+    _supports_tf_logs = False
 
     def __init__(
         self,
@@ -195,6 +222,16 @@ class Watch(keras.callbacks.Callback):
         with self._lock:
             self._own_seconds += seconds
 
+    # -- tf_keras' questions (Keras 3 never asks them) -----------------------------------------
+    def _implements_train_batch_hooks(self) -> bool:
+        return True
+
+    def _implements_test_batch_hooks(self) -> bool:
+        return False
+
+    def _implements_predict_batch_hooks(self) -> bool:
+        return False
+
     # -- Keras hooks --------------------------------------------------------------------------
     @_own_time
     def on_train_begin(self, logs: Any = None) -> None:
@@ -218,9 +255,12 @@ class Watch(keras.callbacks.Callback):
         self._functions = tfb.traced_functions(fn) if self._guarded is None else []
         self._recoveries_seen = len(self._guarded.summary.recoveries) if self._guarded else 0
         single = getattr(model.distribute_strategy, "num_replicas_in_sync", 1) == 1
-        spe = int(getattr(model, "steps_per_execution", 1) or 1)
+        spe = _steps_per_execution(model)
         self._losses.steps_per_execution = spe
-        self._wrapped = bool(self.measure_input and fn is not None and spe == 1 and single)
+        # tf_keras' train function is one tf.function that reads the iterator inside: fed a
+        # Python iterator it would trace again every step, so its steps are timed by hooks.
+        wrappable = fn is not None and spe == 1 and single and not is_tf_keras(model)
+        self._wrapped = bool(self.measure_input and wrappable)
         if self._wrapped:
             self._original = fn
             model.train_function = timed_train_function(

@@ -12,6 +12,7 @@ Example:
 
 from __future__ import annotations
 
+import importlib.metadata
 import time
 from typing import Any
 
@@ -35,6 +36,26 @@ def estimate_peak_bytes(estimate: Any) -> int | None:
             f"estimate must be a number of bytes or have peak_bytes, got {estimate!r}"
         )
     return int(value)
+
+
+def is_tf_keras(model: Any) -> bool:
+    """Whether `model` is a tf_keras (Keras 2) model: a class of its comes from `tf_keras`.
+
+    Args:
+        model: any object; nothing is imported to answer.
+
+    Example:
+        >>> is_tf_keras(keras.Model())
+        False
+    """
+    return any(c.__module__.split(".")[0] == "tf_keras" for c in type(model).__mro__)
+
+
+def _distribution_version(name: str) -> str | None:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
 
 
 def run_header(
@@ -75,8 +96,11 @@ def run_header(
     """
     keras = tfb.import_keras()
     versions = tfb.versions()
+    legacy = is_tf_keras(model)
     try:
-        policy = keras.mixed_precision.dtype_policy().name
+        # tf_keras has a global policy of its own; the model holds it.
+        holder = model.dtype_policy if legacy else keras.mixed_precision.dtype_policy()
+        policy = holder.name
     except Exception:  # noqa: BLE001
         policy = None
     optimizer = getattr(model, "optimizer", None)
@@ -108,5 +132,6 @@ def run_header(
         "warmup_steps": warmup_steps,
         "tensorflow": versions.get("tensorflow"),
         "keras": versions.get("keras"),
+        "tf_keras": _distribution_version("tf_keras") if legacy else None,
         "config": run_config,
     }
