@@ -82,7 +82,7 @@ def test_emulate_warns_in_python_when_the_card_is_larger_than_the_host():
 
 
 def test_doctor_reports_keras_2_absent_and_a_legacy_switch_without_it():
-    # tf_keras is not installed in this environment (tests/tf_keras/test_doctor.py has it).
+    # tf_keras is not installed in this environment (tests/garden/test_tf_keras_doctor.py has it).
     out = run_isolated(
         """
         import os, sys

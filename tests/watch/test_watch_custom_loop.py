@@ -1,5 +1,5 @@
 """memfit.Watch in a Keras 3 custom (GradientTape) loop that makes the calls Keras makes: every
-step's memory, time and own loss are logged (tests/tf_keras/test_watch.py does the same under
+step's memory, time and own loss are logged (tests/garden/test_tf_keras_watch.py does the same under
 tf_keras)."""
 
 from __future__ import annotations
