@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from memfit.backend import tf as tfb
+from memfit.backend.tf_devices import tf_variable
 from memfit.backend.tf_graph import (
     OpInfo,
     Shape,
@@ -237,7 +238,7 @@ def start_trace(workload: Any, batch_size: int) -> TracedStep:
         kinds.setdefault(id(var), "other")
     by_handle: dict[int, Any] = {}
     for var in workload.state_variables():
-        inner = getattr(var, "value", var)
+        inner = tf_variable(var)
         handle = getattr(inner, "handle", None)
         if handle is not None:
             by_handle[id(handle)] = var
