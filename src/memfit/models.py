@@ -36,8 +36,10 @@ def check_model_spec(spec: str) -> None:
     if spec.startswith("garden:"):
         name = spec[len("garden:") :]
         module, colon, attr = name.partition(":")
-        if not name or not all(p.isidentifier() for p in module.split(".")) or (
-            colon and not attr.isidentifier()
+        if (
+            not name
+            or not all(p.isidentifier() for p in module.split("."))
+            or (colon and not attr.isidentifier())
         ):
             raise ModelLoadError(
                 f"{spec!r} is not a Model Garden task; give garden:EXPERIMENT (e.g. "

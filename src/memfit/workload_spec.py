@@ -118,8 +118,19 @@ class WorkloadSpec:
                 "config: give the model as garden:EXPERIMENT or garden:package.module:callable"
             )
         if self.is_task:
-            given = [n for n in ("input_shape", "data", "optimizer", "loss", "precision", "remat",
-                                 "classes") if getattr(self, n) is not None]
+            given = [
+                n
+                for n in (
+                    "input_shape",
+                    "data",
+                    "optimizer",
+                    "loss",
+                    "precision",
+                    "remat",
+                    "classes",
+                )
+                if getattr(self, n) is not None
+            ]
             if given:
                 raise WorkloadError(
                     f"a Model Garden task takes its {', '.join(given)} from its experiment "

@@ -72,9 +72,7 @@ def _register() -> None:
         importlib.import_module(module)
 
 
-def experiment_config(
-    name: str, overrides: Sequence[str] = (), params: Sequence[str] = ()
-) -> Any:
+def experiment_config(name: str, overrides: Sequence[str] = (), params: Sequence[str] = ()) -> Any:
     """The Model Garden `ExperimentConfig` a task spec names, its overrides applied.
 
     Args:
