@@ -52,7 +52,7 @@ def open_measurer(
     recompute = recompute or remat_recompute(spec.remat)
     try:
         if spec.is_task:
-            from memfit.measuring import refuse_for_step
+            from memfit.step_workload import refuse_for_step
 
             # The task's own step: its model, optimizer and train_step (a `StepWorkload`).
             refuse_for_step(micro_batches=micro_batches, recompute=recompute)

@@ -16,6 +16,7 @@ from memfit.checks import check_batch_size, check_positive_int
 from memfit.errors import WorkloadError
 from memfit.measurement import Measurement  # also memfit.measuring.Measurement
 from memfit.sizes import format_size
+from memfit.step_workload import refuse_for_step
 from memfit.workload import InputShape, Workload
 from memfit.workload_spec import WorkloadSpec
 
@@ -424,31 +425,6 @@ def measure_many(
     for size in batch_sizes:
         check_batch_size(size)
     return [measure(model, size, **kwargs) for size in sorted(batch_sizes)]
-
-
-def refuse_for_step(
-    *, micro_batches: int = 1, explain: bool = False, recompute: Any = None
-) -> None:
-    """Refuse, in one line, what a step spec (a Model Garden task) cannot be measured with.
-
-    Raises:
-        WorkloadError: micro-batches, `explain` or recompute asked for a step spec.
-    """
-    asked = [
-        name
-        for name, value in (
-            ("micro_batches", micro_batches > 1),
-            ("explain (--explain)", explain),
-            ("recompute (--recompute)", recompute),
-        )
-        if value
-    ]
-    if asked:
-        raise WorkloadError(
-            f"{' and '.join(asked)} cannot apply to a step spec (a Model Garden task's "
-            f"train_step): measure the step as it is; train it in micro-batches with "
-            f"memfit.GuardedStep.from_task(task, model, optimizer, micro_batches=K)"
-        )
 
 
 def _recomputing(workload: Workload, recompute: Any, run: Callable[..., Any]) -> Callable[..., Any]:

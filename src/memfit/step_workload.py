@@ -156,3 +156,28 @@ class StepWorkload:
                 seen.add(id(var))
                 result.append(var)
         return result
+
+
+def refuse_for_step(
+    *, micro_batches: int = 1, explain: bool = False, recompute: Any = None
+) -> None:
+    """Refuse, in one line, what a step spec (a Model Garden task) cannot be measured with.
+
+    Raises:
+        WorkloadError: micro-batches, `explain` or recompute asked for a step spec.
+    """
+    asked = [
+        name
+        for name, value in (
+            ("micro_batches", micro_batches > 1),
+            ("explain (--explain)", explain),
+            ("recompute (--recompute)", recompute),
+        )
+        if value
+    ]
+    if asked:
+        raise WorkloadError(
+            f"{' and '.join(asked)} cannot apply to a step spec (a Model Garden task's "
+            f"train_step): measure the step as it is; train it in micro-batches with "
+            f"memfit.GuardedStep.from_task(task, model, optimizer, micro_batches=K)"
+        )
