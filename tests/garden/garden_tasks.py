@@ -11,9 +11,8 @@ from typing import Any
 
 def experiment() -> Any:
     """A small RetinaNet experiment: ResNet-18, 128 px, 6 classes, no checkpoint."""
-    from official.core import exp_factory
-
     import official.vision  # noqa: F401 - registers the experiments
+    from official.core import exp_factory
 
     config = exp_factory.get_exp_config("retinanet_resnetfpn_coco")
     config.override(
