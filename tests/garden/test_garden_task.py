@@ -122,3 +122,36 @@ def test_bad_input_is_one_line(od_data: str, model: str, extra: list[str], words
 def test_batch_refuses_a_task_naming_what_to_use(od_data: str) -> None:
     line = one_line(run_cli("batch", TASK, *small(od_data), env=env(od_data)))
     assert "memfit measure" in line and "GuardedStep.from_task" in line
+
+
+def test_a_tf_keras_step_fn_in_process_is_measured_and_estimated() -> None:
+    out = run_isolated(
+        """
+        import memfit
+        memfit.emulate("1GiB")
+        import tensorflow as tf, tf_keras
+        model = tf_keras.Sequential([tf_keras.Input((32, 32, 3)), tf_keras.layers.Conv2D(8, 3),
+                                     tf_keras.layers.Flatten(), tf_keras.layers.Dense(4)])
+        optimizer = tf_keras.optimizers.legacy.Adam()
+        loss = tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+        def step_fn(data, optimizer):
+            x, y = data
+            with tf.GradientTape() as tape:
+                value = loss(y, model(x, training=True))
+            grads = tape.gradient(value, model.trainable_variables)
+            optimizer.apply_gradients(zip(grads, model.trainable_variables))
+            return {"loss": value}
+        samples = tf.data.Dataset.from_tensor_slices(
+            (tf.random.normal((64, 32, 32, 3)), tf.zeros((64,), tf.int32)))
+        before = [v.numpy().copy() for v in model.variables]
+        m = memfit.measure(model, 16, optimizer=optimizer, step_fn=step_fn, data=samples)
+        e = memfit.estimate(model, 16, optimizer=optimizer, step_fn=step_fn, data=samples,
+                            samples=0)
+        same = all((a == b.numpy()).all() for a, b in zip(before, model.variables))
+        emit({"peak": m.peak_bytes, "resident": m.resident_bytes, "estimate": e.peak_bytes,
+              "restored": bool(same), "iterations": int(optimizer.iterations.numpy())})
+        """
+    )
+    assert out["restored"] and out["iterations"] == 0  # the steps measured were put back
+    assert out["peak"] > out["resident"] > 0
+    assert 0.7 < out["estimate"] / out["peak"] < 1.4, out
