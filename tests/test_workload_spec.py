@@ -31,10 +31,22 @@ FULL = WorkloadSpec(
 )
 
 
+# A Model Garden task's fields: its config's overrides (the rest of FULL is a Keras model's).
+FULL_TASK = WorkloadSpec(
+    "garden:retinanet_resnetfpn_coco",
+    overrides=("task.model.input_size=[128,128,3]",),
+    params=("overrides.yaml",),
+    imports=("mypkg",),
+)
+TASK_ONLY = ("overrides", "params")
+
+
 def test_every_field_is_set_away_from_its_default() -> None:
     defaults = WorkloadSpec()
     for f in dataclasses.fields(WorkloadSpec):
-        assert getattr(FULL, f.name) != getattr(defaults, f.name), f.name
+        full = FULL_TASK if f.name in TASK_ONLY else FULL
+        assert getattr(full, f.name) != getattr(defaults, f.name), f.name
+    assert WorkloadSpec.from_json(json.loads(json.dumps(FULL_TASK.to_json()))) == FULL_TASK
 
 
 def test_the_spec_round_trips_through_pickle_and_the_childs_json() -> None:

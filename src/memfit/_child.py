@@ -51,8 +51,20 @@ def open_measurer(
     spec = WorkloadSpec.from_json(workload)
     recompute = recompute or remat_recompute(spec.remat)
     try:
-        built = spec.workload(spec.build_model(keep_policy=True))
-        if built.model.optimizer is not None and not built.model.optimizer.built:
+        if spec.is_task:
+            from memfit.step_workload import refuse_for_step
+
+            # The task's own step: its model, optimizer and train_step (a `StepWorkload`).
+            refuse_for_step(micro_batches=micro_batches, recompute=recompute)
+            built = spec.task_workload()
+            built.build_optimizer()
+        else:
+            built = spec.workload(spec.build_model(keep_policy=True))
+        if (
+            not spec.is_task
+            and built.model.optimizer is not None
+            and not built.model.optimizer.built
+        ):
             built.model.optimizer.build(built.model.trainable_variables)
         if recompute:
             # memfit's recompute (`memfit.recompute`), applied for this throwaway process.

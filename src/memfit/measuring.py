@@ -16,6 +16,7 @@ from memfit.checks import check_batch_size, check_positive_int
 from memfit.errors import WorkloadError
 from memfit.measurement import Measurement  # also memfit.measuring.Measurement
 from memfit.sizes import format_size
+from memfit.step_workload import refuse_for_step
 from memfit.workload import InputShape, Workload
 from memfit.workload_spec import WorkloadSpec
 
@@ -39,6 +40,9 @@ def measure(
     on_progress: Callable[[str], None] | None = None,
     recompute: Any = None,
     explain: bool = False,
+    step_fn: Callable[[Any, Any], Any] | None = None,
+    overrides: Any = (),
+    params: Any = (),
 ) -> Measurement:
     """Run one real training step of `model` at `batch_size` and measure its peak memory.
 
@@ -56,7 +60,9 @@ def measure(
 
     Args:
         model: a Keras model, or (with `isolated=True`) a MODEL string
-            (`.keras` file, `package.module:factory`, `keras.applications.Name`).
+            (`.keras` file, `package.module:factory`, `keras.applications.Name`), or a
+            TF Model Garden task (`garden:EXPERIMENT`, `garden:package.module:callable`),
+            whose step is the task's own `train_step` (see docs/garden.md).
         batch_size: samples in the step (at least 1).
         data: a `tf.data.Dataset` of unbatched `(x, y)` samples; default: synthesised samples.
             With `isolated=True`: a `package.module:dataset_fn` string.
@@ -77,10 +83,18 @@ def measure(
         recompute: measure the step with memfit's recompute (gradient checkpointing): a
             `segments=` policy of `memfit.recompute` (`"sqrt"`, a count, a size, layer
             names; True means `"sqrt"`), or (in process) a `memfit.Recompute` of `model`.
+            Not for a step spec.
         explain: also run one step under TensorFlow's profiler and list what was alive at
             its peak, by layer and kind, beside `memfit.estimate`'s breakdown of the same
             step (`Measurement.explanation`; see `memfit.explain`). Needs the BFC allocator
-            (a GPU, or a CPU under a memfit budget).
+            (a GPU, or a CPU under a memfit budget). Not for a step spec.
+        step_fn: a step spec, in process: `step_fn(data, optimizer) -> logs`, the whole
+            training step of `model` (Keras 3 or tf_keras) with `optimizer`, as
+            `memfit.GuardedStep` takes it; `data` is then a callable `batch_size -> batch`
+            or an unbatched `tf.data.Dataset`. The step measured is `tf.function(step_fn)`.
+        overrides: for a `garden:` task, `key.path=value` strings applied to its experiment
+            config (`task.model.input_size=[128,128,3]`).
+        params: for a `garden:` task, YAML/JSON files or texts applied to its config first.
 
     Returns:
         A `Measurement`; `oom=True` when the step ran out of memory.
@@ -95,6 +109,26 @@ def measure(
     """
     check_batch_size(batch_size)
     check_positive_int(repeats, "repeats")
+    if step_fn is not None:
+        if isolated or isinstance(model, str):
+            raise WorkloadError(
+                "step_fn= measures a model object in this process; a child process cannot "
+                "rebuild a Python step: name a Model Garden task (garden:EXPERIMENT) to isolate"
+            )
+        from memfit.step_workload import StepWorkload
+
+        built = StepWorkload.from_data(model, optimizer, step_fn, data)
+        return measure_built(
+            built,
+            batch_size,
+            repeats=repeats,
+            device=device,
+            on_progress=on_progress,
+            budget=as_budget(budget) or emulated_budget(),
+            micro_batches=micro_batches,
+            recompute=recompute,
+            explain=explain,
+        )
     if not isolated and isinstance(model, str):
         raise WorkloadError(
             "measure() takes a keras.Model in this process; to measure a MODEL string, "
@@ -200,13 +234,19 @@ def measure_workload(
     """
     tf = tfb.import_tf()
     model = workload.model
+    stepped = getattr(workload, "is_step", False)
+    if stepped:
+        refuse_for_step(micro_batches=micro_batches, explain=explain)
     tfb.require_memory_stats(device)
     recorder = None
     if explain:
         from memfit.backend.tf_profile import AllocationRecorder
 
         recorder = AllocationRecorder(device)  # says now when there is no profiler
-    _build_optimizer(model)
+    if stepped:
+        workload.build_optimizer()
+    else:
+        _build_optimizer(model)
     state = workload.state_variables()
 
     gc.collect()
@@ -390,6 +430,10 @@ def measure_many(
 def _recomputing(workload: Workload, recompute: Any, run: Callable[..., Any]) -> Callable[..., Any]:
     """`run` with memfit's recompute applied to the workload's model while it runs."""
     from memfit.recomputation import as_recompute
+
+    if getattr(workload, "is_step", False):
+        refuse_for_step(recompute=recompute)
+        return run
 
     segmented = as_recompute(workload.model, recompute)
     if segmented is None:

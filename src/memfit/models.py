@@ -33,6 +33,19 @@ def check_model_spec(spec: str) -> None:
     """
     if not spec or not spec.strip():
         raise ModelLoadError(f"MODEL is empty; give {MODEL_FORMS}")
+    if spec.startswith("garden:"):
+        name = spec[len("garden:") :]
+        module, colon, attr = name.partition(":")
+        if (
+            not name
+            or not all(p.isidentifier() for p in module.split("."))
+            or (colon and not attr.isidentifier())
+        ):
+            raise ModelLoadError(
+                f"{spec!r} is not a Model Garden task; give garden:EXPERIMENT (e.g. "
+                f"garden:retinanet_resnetfpn_coco) or garden:package.module:callable"
+            )
+        return
     if is_file_spec(spec):
         if not os.path.exists(spec):
             raise ModelLoadError(f"model file {spec!r} does not exist; give {MODEL_FORMS}")
@@ -104,11 +117,33 @@ def load_model(
     else:
         model = _build_builtin(keras, spec, input_shape, classes)
     if not isinstance(model, keras.Model):
-        raise ModelLoadError(
-            f"{spec!r} gave a {type(model).__name__}, not a keras.Model; a factory must return "
-            f"a Keras model"
-        )
+        raise ModelLoadError(not_keras3_message(spec, model))
     return model
+
+
+def not_keras3_message(spec: str, model: Any) -> str:
+    """Why a MODEL's object cannot train as a Keras 3 model, and what to use instead.
+
+    A tf_keras (Keras 2) model and a Model Garden experiment config each get their own
+    answer: the task spec (`garden:...`) and `memfit.GuardedStep` take them.
+    """
+    from memfit.backend import tf_garden, tf_keras_compat
+
+    kind = type(model).__name__
+    if tf_garden.is_experiment_config(model):
+        return (
+            f"{spec!r} returned a Model Garden ExperimentConfig: name it as a task, "
+            f"garden:{spec}, and memfit measures the task's own train_step"
+        )
+    if tf_keras_compat.is_tf_keras(model):
+        return (
+            f"{spec!r} gave a tf_keras (Keras 2) {kind}; this command trains Keras 3 models "
+            f"through model.train_step. For a Model Garden model name its task "
+            f"(garden:EXPERIMENT or garden:package.module:callable); for your own tf_keras "
+            f"step use memfit.measure/estimate(model, batch_size, optimizer=..., "
+            f"step_fn=..., data=...) or memfit.GuardedStep"
+        )
+    return f"{spec!r} gave a {kind}, not a keras.Model; a factory must return a Keras model"
 
 
 def _load_file(keras: Any, path: str, safe_mode: bool) -> Any:

@@ -114,6 +114,13 @@ class Workload:
         worst_case: bool = False,
     ) -> None:
         keras = tfb.import_keras()
+        if not isinstance(model, keras.Model) and not isinstance(model, str):
+            from memfit.backend.tf_keras_compat import is_tf_keras
+
+            if is_tf_keras(model):
+                from memfit.models import not_keras3_message
+
+                raise WorkloadError(not_keras3_message("the model", model))
         if not isinstance(model, keras.Model):
             raise WorkloadError(
                 f"expected a keras.Model, got {type(model).__name__}; pass the model object "

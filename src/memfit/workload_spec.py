@@ -55,6 +55,11 @@ class WorkloadSpec:
         saved_data: a folder written by `tf.data.Dataset.save` (samples a parent process
             chose), used instead of `data`.
         imports: packages to import before the model is loaded (their layers registered).
+        overrides: for a Model Garden task (`model="garden:NAME"`), `key.path=value` strings
+            applied to its experiment config (the CLI's `--set`).
+        params: for a Model Garden task, YAML/JSON files or texts applied to its experiment
+            config before `overrides` (the CLI's `--params`, as the Model Garden's own
+            `--params_override` takes them).
 
     Raises:
         WorkloadError: a field that cannot be right, with what to give instead.
@@ -80,6 +85,8 @@ class WorkloadSpec:
     worst_case: bool = False
     saved_data: str | None = None
     imports: tuple[str, ...] = ()
+    overrides: tuple[str, ...] = ()
+    params: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         # Each field is checked here, once, with one error text (see `memfit.checks`).
@@ -102,6 +109,34 @@ class WorkloadSpec:
         _set(self, "safe_mode", bool(self.safe_mode))
         _set(self, "worst_case", bool(self.worst_case))
         _set(self, "imports", tuple(str(name) for name in self.imports))
+        for name in ("overrides", "params"):
+            value = getattr(self, name)
+            _set(self, name, (value,) if isinstance(value, str) else tuple(map(str, value)))
+        if (self.overrides or self.params) and not self.is_task:
+            raise WorkloadError(
+                "overrides (--set) and params (--params) change a Model Garden experiment's "
+                "config: give the model as garden:EXPERIMENT or garden:package.module:callable"
+            )
+        if self.is_task:
+            given = [
+                n
+                for n in (
+                    "input_shape",
+                    "data",
+                    "optimizer",
+                    "loss",
+                    "precision",
+                    "remat",
+                    "classes",
+                )
+                if getattr(self, n) is not None
+            ]
+            if given:
+                raise WorkloadError(
+                    f"a Model Garden task takes its {', '.join(given)} from its experiment "
+                    f"config: change them with --set task.KEY=VALUE (e.g. "
+                    f"task.model.input_size=[640,640,3]) instead"
+                )
 
     @classmethod
     def from_arguments(cls, arguments: Mapping[str, Any]) -> tuple[WorkloadSpec, Any]:
@@ -127,6 +162,17 @@ class WorkloadSpec:
         return cls(**{**fields, "model": model if named else None}), None if named else model
 
     @property
+    def is_task(self) -> bool:
+        """Whether the model is a Model Garden task (`garden:NAME`): a step spec whose step
+        is the task's own `train_step`, not `model.train_step`."""
+        return isinstance(self.model, str) and self.model.startswith("garden:")
+
+    @property
+    def task_name(self) -> str:
+        """The task's experiment name or `package.module:callable` (after `garden:`)."""
+        return str(self.model)[len("garden:") :] if self.is_task else ""
+
+    @property
     def sample_shape(self) -> Any:
         """One sample's shape as `load_model` and `Workload` take it: a tuple, or a list of
         them (one per input), or None."""
@@ -138,7 +184,11 @@ class WorkloadSpec:
     def rebuildable(self) -> bool:
         """Whether precision and recompute can apply: a MODEL string that builds the model (a
         factory or a built-in), not a file or a model object."""
-        return isinstance(self.model, str) and not self.model.endswith((".keras", ".h5"))
+        return (
+            isinstance(self.model, str)
+            and not self.model.endswith((".keras", ".h5"))
+            and not self.is_task
+        )
 
     def check_named(self) -> None:
         """Check that the optimizer, loss and data are names a child process can rebuild.
@@ -179,6 +229,8 @@ class WorkloadSpec:
         shapes = self.input_shape
         payload["input_shape"] = [list(s) for s in shapes] if shapes is not None else None
         payload["imports"] = list(self.imports)
+        payload["overrides"] = list(self.overrides)
+        payload["params"] = list(self.params)
         return payload
 
     @classmethod
@@ -204,6 +256,8 @@ class WorkloadSpec:
 
         if self.model is None:
             raise WorkloadError("no MODEL string to build the model from")
+        if self.is_task:
+            return self.workload().model
         keras = tfb.import_keras()
         previous = keras.mixed_precision.dtype_policy()
         if self.precision:
@@ -241,6 +295,8 @@ class WorkloadSpec:
             workload = spec.workload()  # the model built, compiled, and its samples
             ```
         """
+        if self.is_task and model is None:
+            return self.task_workload()
         from memfit.workload import Workload
 
         return Workload(
@@ -251,6 +307,39 @@ class WorkloadSpec:
             data=self.load_data(),
             worst_case=self.worst_case,
         )
+
+    def refuse_task(self, command: str, instead: str) -> None:
+        """Refuse, in one line, a command that does not take a Model Garden task yet.
+
+        Args:
+            command: the command or function refused (`"memfit batch"`).
+            instead: what to use for the task instead.
+
+        Raises:
+            WorkloadError: the spec is a task.
+        """
+        if self.is_task:
+            raise WorkloadError(
+                f"{command} does not take a Model Garden task ({self.model}) yet: {instead}"
+            )
+
+    def task_workload(self) -> Any:
+        """The `StepWorkload` of a Model Garden task: its model, optimizer, `train_step` and
+        a batch of its `build_inputs` (see `memfit.backend.tf_garden`).
+
+        Raises:
+            WorkloadError: the spec is not a task, the Model Garden is not installed, or the
+                task cannot be built (unknown experiment, an override that does not apply).
+        """
+        if not self.is_task:
+            raise WorkloadError(f"{self.model!r} is not a Model Garden task (garden:NAME)")
+        for name in self.imports:
+            importlib.import_module(name)
+        from memfit.backend import tf_garden
+        from memfit.step_workload import StepWorkload
+
+        built = tf_garden.build_task(self.task_name, self.overrides, self.params)
+        return StepWorkload.from_task(built, str(self.model))
 
 
 def _set(spec: WorkloadSpec, name: str, value: Any) -> None:

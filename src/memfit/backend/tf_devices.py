@@ -181,6 +181,20 @@ def memory_info(device: str) -> dict[str, int] | None:
     return {"current": int(info["current"]), "peak": int(info["peak"])}
 
 
+def tf_variable(variable: Any) -> Any:
+    """The `tf.Variable` behind a Keras 3 variable (its `value`), or `variable` itself.
+
+    A tf_keras (Keras 2) variable is a `tf.Variable` already, whose `value` is a method.
+
+    Example:
+        ```python
+        handle = tf_variable(model.variables[0]).handle
+        ```
+    """
+    inner = getattr(variable, "value", variable)
+    return variable if callable(inner) else inner
+
+
 def assign_exact(variable: Any, value: Any) -> None:
     """Write `value` (a host array) into `variable` bit for bit, on the variable's allocator.
 
@@ -198,7 +212,7 @@ def assign_exact(variable: Any, value: Any) -> None:
         value: The saved value, of the variable's shape and dtype.
     """
     tf = import_tf()
-    var = getattr(variable, "value", variable)  # the tf.Variable behind a Keras variable
+    var = tf_variable(variable)
     if tf.DeviceSpec.from_string(var.device).device_type == "GPU":
         # There the assign itself copies the host value onto the variable's device.
         var.assign(value, read_value=False)

@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from memfit.backend import tf as tfb
+from memfit.backend.tf_devices import tf_variable
 from memfit.backend.tf_graph import (
     OpInfo,
     Shape,
@@ -37,6 +38,7 @@ from memfit.backend.tf_kernels import (
     xla_grouped_conv_scratch_bytes,
 )
 from memfit.backend.tf_layers import layer_tree, variable_owners
+from memfit.errors import WorkloadError
 
 
 def batch_specs(workload: Any, batch_size: int | None) -> Any:
@@ -213,11 +215,25 @@ def start_trace(workload: Any, batch_size: int) -> TracedStep:
     """
     tf = tfb.import_tf()
     model = workload.model
-    # Traced as `model.fit` traces it: for batches of any size. Grappler then keeps what a
-    # fixed size lets it fold away (a residual `Add`'s gradient becomes an `Identity` that
-    # waits on both branches' shapes), and that graph is the one TensorFlow runs.
-    function = tf.function(model.train_step, jit_compile=False)
-    specs = batch_specs(workload, None)  # made from one sample, once
+    stepped = getattr(workload, "is_step", False)
+    if stepped:
+        # A step spec (a Model Garden task): `tf.function` of its step function, traced for
+        # the batch its data gives at this size, as its training loop traces it (the task's
+        # input pipeline drops the remainder: every dimension is static).
+        function = workload.traced_function()
+        specs = tf.nest.map_structure(
+            lambda t: tf.TensorSpec(t.shape, t.dtype), workload.batch(batch_size)
+        )
+        optimizer_vars = workload.optimizer_variables()
+        optimizer = workload.optimizer
+    else:
+        # Traced as `model.fit` traces it: for batches of any size. Grappler then keeps what
+        # a fixed size lets it fold away (a residual `Add`'s gradient becomes an `Identity`
+        # that waits on both branches' shapes), and that graph is the one TensorFlow runs.
+        function = tf.function(model.train_step, jit_compile=False)
+        specs = batch_specs(workload, None)  # made from one sample, once
+        optimizer = model.optimizer
+        optimizer_vars = getattr(optimizer, "variables", []) or []
     concrete = function.get_concrete_function(specs)
     traced = concrete.graph
     fetches = [t.name for t in concrete.outputs]
@@ -231,13 +247,13 @@ def start_trace(workload: Any, batch_size: int) -> TracedStep:
     kinds: dict[int, str] = {}
     for var in model.variables:
         kinds[id(var)] = "weight"
-    for var in getattr(model.optimizer, "variables", []) or []:
+    for var in optimizer_vars:
         kinds.setdefault(id(var), "optimizer")
     for var in workload.state_variables():
         kinds.setdefault(id(var), "other")
     by_handle: dict[int, Any] = {}
     for var in workload.state_variables():
-        inner = getattr(var, "value", var)
+        inner = tf_variable(var)
         handle = getattr(inner, "handle", None)
         if handle is not None:
             by_handle[id(handle)] = var
@@ -260,13 +276,22 @@ def start_trace(workload: Any, batch_size: int) -> TracedStep:
 
     def fed(size: int) -> dict[str, Any]:
         """Each argument's placeholder -> its `TensorSpec` at `size` samples."""
+        if stepped:
+            if size != batch_size:
+                raise WorkloadError(
+                    f"a step spec is traced at its own batch ({batch_size}), not at {size}: "
+                    f"estimate batch {size} on its own"
+                )
+            shapes = dict(zip((t.op.name for t in batch), tf.nest.flatten(specs), strict=True))
+            return {**constants, **shapes}
         sized = [
             tf.TensorSpec([size, *spec.shape[1:]], spec.dtype) for spec in tf.nest.flatten(specs)
         ]
         shapes = {t.op.name: spec for t, spec in zip(batch, sized, strict=True)}
         return {**constants, **shapes}
 
-    batched = frozenset(t.op.name for t in batch)
+    # A step spec's batch is static: its placeholders keep their size in grappler's graph.
+    batched = frozenset() if stepped else frozenset(t.op.name for t in batch)
     # The runtime fetches the function's control outputs too: they decide grappler's order.
     controls = [op.name for op in traced.control_outputs]
     pending = TracedStep(
@@ -286,7 +311,7 @@ def start_trace(workload: Any, batch_size: int) -> TracedStep:
             variable_layers[name] = owners[id(var)]
         variable_temps[name] = temps.get(id(var), 0)
     layers = _layer_names(model)
-    optimizer_name = str(getattr(model.optimizer, "name", "optimizer"))
+    optimizer_name = str(getattr(optimizer, "name", "optimizer"))
 
     def describe(size: int) -> tuple[StepGraph, set[str]]:
         """The step's ops sized at `size` samples, and those that run for their effects."""

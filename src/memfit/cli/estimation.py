@@ -65,7 +65,8 @@ def estimate(
     Traces the training step (forward, backward, optimizer update) and replays it through a
     model of TensorFlow's allocator: a breakdown (weights, optimizer slots, activations,
     gradients, temporaries, kernel workspace), the top layers, when the peak happens, and
-    what-ifs.
+    what-ifs. For a TF Model Garden task (garden:EXPERIMENT), its own train_step is traced
+    at the batch size (no what-ifs).
     """
     check_batch_size(batch_size)
     assumed = check_threads(threads) if threads else None
@@ -87,6 +88,10 @@ def estimate(
             target, data = workload.build_model(), workload.load_data()
         # The workload's own fields, and how far the estimate goes.
         named = {k: getattr(workload, k) for k in ("input_shape", "optimizer", "loss", "classes")}
+        if workload.is_task:
+            # A Model Garden task: its own train_step, traced at this batch; no what-ifs.
+            named = {"overrides": workload.overrides, "params": workload.params}
+            what_ifs = False
         reach = {"what_ifs": what_ifs, "samples": samples, "threads": assumed}
         result = run_estimate(
             target,

@@ -61,8 +61,10 @@ def batch(
     if max_batch is not None:
         checked(check_positive_int, max_batch, "max_batch", param_hint="'--max-batch'")
     memory, device, replicas = replica_budget_specs(memory, device, replicas)
+    from memfit.search import REFUSED_TASK, search_workload
+
+    workload.refuse_task("memfit batch", REFUSED_TASK)
     budget = apply_budget(memory, device) or Budget.from_device()
-    from memfit.search import search_workload
 
     with err.status("Loading model", spinner="dots") as status:
         # --in-process: MODEL is built here too (the trials run on a saved copy of it).

@@ -57,8 +57,10 @@ def measure(
 ) -> None:
     """Measure the peak memory of one real training step of MODEL.
 
-    MODEL is a .keras file, package.module:factory, or a built-in such as
-    keras.applications.MobileNetV2. A batch that does not fit is reported as out of memory.
+    MODEL is a .keras file, package.module:factory, a built-in such as
+    keras.applications.MobileNetV2, or a TF Model Garden task (garden:EXPERIMENT with --set,
+    or garden:package.module:callable), whose own train_step is measured. A batch that does
+    not fit is reported as out of memory.
     With --explain, the peak is broken down into the tensors alive at that moment.
     """
     budget = apply_budget(memory, device)

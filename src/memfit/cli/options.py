@@ -126,7 +126,8 @@ def _input_shape(_ctx: click.Context, _param: click.Parameter, value: str | None
 
 def workload_options(command: Callable[..., Any]) -> Callable[..., Any]:
     """MODEL and the options that say how to build it and its training step (`--input-shape`,
-    `--classes`, `--optimizer`, `--loss`, `--data`, `--unsafe`), given to the command as one
+    `--classes`, `--optimizer`, `--loss`, `--data`, `--unsafe`; `--set`, `--params` for a
+    Model Garden task), given to the command as one
     `workload` argument: a `memfit.workload_spec.WorkloadSpec`, checked once."""
 
     @functools.wraps(command)
@@ -139,6 +140,8 @@ def workload_options(command: Callable[..., Any]) -> Callable[..., Any]:
         loss: str | None,
         data_spec: str | None,
         unsafe: bool,
+        overrides: tuple[str, ...],
+        params: tuple[str, ...],
         **kwargs: Any,
     ) -> Any:
         workload = WorkloadSpec(
@@ -149,7 +152,13 @@ def workload_options(command: Callable[..., Any]) -> Callable[..., Any]:
             loss=loss,
             classes=classes,
             safe_mode=not unsafe,
+            overrides=overrides,
+            params=params,
         )
+        if workload.is_task:
+            from memfit.backend.tf_garden import require_garden
+
+            require_garden(model)  # one line here, before any child process starts
         return command(*args, workload=workload, **kwargs)
 
     options = [
@@ -181,6 +190,22 @@ def workload_options(command: Callable[..., Any]) -> Callable[..., Any]:
             "--unsafe",
             is_flag=True,
             help="Load .keras files that run Python code (Lambda layers); trusted files only.",
+        ),
+        click.option(
+            "--set",
+            "overrides",
+            multiple=True,
+            metavar="KEY=VALUE",
+            help="For a Model Garden task (MODEL garden:EXPERIMENT): override one value of its "
+            "experiment config, e.g. task.model.input_size=[128,128,3]. Repeatable.",
+        ),
+        click.option(
+            "--params",
+            "params",
+            multiple=True,
+            metavar="YAML",
+            help="For a Model Garden task: a YAML/JSON file (or text) of config overrides, as "
+            "the Model Garden's --params_override takes; applied before --set. Repeatable.",
         ),
     ]
     for option in reversed(options):

@@ -33,7 +33,7 @@ from memfit.attribution import KINDS
 from memfit.backend.tf_kernels import assume_threads
 from memfit.budget import Budget, as_budget, emulated_budget, emulated_memory_growth
 from memfit.checks import check_batch_size, check_threads
-from memfit.errors import WorkloadError
+from memfit.errors import MemfitError, WorkloadError
 from memfit.estimation.background import PendingRange, start_peak_range
 from memfit.estimation.bounds import SAMPLES
 from memfit.estimation.helper import WhatIfQueue
@@ -172,6 +172,12 @@ def _start_trace(workload: Workload, batch_size: int, recompute: Any = None) -> 
     from memfit.backend import tf_trace
     from memfit.recomputation import as_recompute
 
+    if getattr(workload, "is_step", False):
+        from memfit.step_workload import refuse_for_step
+
+        refuse_for_step(recompute=recompute)
+        workload.build_optimizer()
+        return tf_trace.start_trace(workload, batch_size)
     optimizer = workload.model.optimizer
     if optimizer is not None and not getattr(optimizer, "built", True):
         optimizer.build(workload.model.trainable_variables)
@@ -353,6 +359,9 @@ def estimate(
     samples: int = SAMPLES,
     threads: tuple[int, int] | None = None,
     on_progress: Callable[[str], None] | None = None,
+    step_fn: Callable[[Any, Any], Any] | None = None,
+    overrides: Any = (),
+    params: Any = (),
 ) -> Estimate:
     """Predict the peak memory of one training step of `model` at `batch_size`, without running.
 
@@ -384,6 +393,13 @@ def estimate(
         threads: `(inter, intra)` thread counts of the machine to estimate for (default:
             what TensorFlow uses in this process: as set, else one per CPU it may run on).
         on_progress: called with a short text at each phase.
+        step_fn: a step spec: `step_fn(data, optimizer) -> logs`, the whole training step of
+            `model` (Keras 3 or tf_keras) with `optimizer`; `data` is then a callable
+            `batch_size -> batch` or an unbatched `tf.data.Dataset`. `tf.function(step_fn)`
+            is traced at `batch_size` instead of `model.train_step`. No what-ifs.
+        overrides: for a `garden:` task (`model="garden:EXPERIMENT"`), `key.path=value`
+            strings applied to its experiment config; its `train_step` is traced.
+        params: for a `garden:` task, YAML/JSON files or texts applied to its config first.
 
     Returns:
         An `Estimate`.
@@ -397,6 +413,25 @@ def estimate(
     arguments = dict(locals())  # the helper process rebuilds the workload from them
     check_batch_size(batch_size)
     progress = on_progress or (lambda _text: None)
+    if step_fn is not None or (isinstance(model, str) and model.startswith("garden:")):
+        if precision or remat or what_ifs:
+            raise WorkloadError(
+                "a step spec (a Model Garden task's train_step) is estimated as it is: no "
+                "precision, remat or what-ifs; change its config with overrides (--set) instead"
+            )
+        return _estimate_step(
+            model,
+            batch_size,
+            optimizer,
+            step_fn,
+            data,
+            overrides,
+            params,
+            budget,
+            samples,
+            threads,
+            progress,
+        )
     _check_choice("precision", precision, PRECISIONS)
     _check_choice("remat", remat, REMAT_MODES)
     rebuild = isinstance(model, str) and not model.endswith((".keras", ".h5"))
@@ -482,6 +517,59 @@ def estimate(
                     pending.cancel()
                 raise
         result.budget = resolved
+    result.estimate_seconds = time.perf_counter() - started
+    return result
+
+
+def _estimate_step(
+    model: Any,
+    batch_size: int,
+    optimizer: Any,
+    step_fn: Any,
+    data: Any,
+    overrides: Any,
+    params: Any,
+    budget: Any,
+    samples: int,
+    threads: tuple[int, int] | None,
+    progress: Callable[[str], None],
+) -> Estimate:
+    """`estimate` of a step spec: `tf.function` of its step traced at `batch_size`, replayed.
+
+    A step the trace cannot take (a Python step that reads tensors' values, say) is one
+    `WorkloadError` that says to measure it instead, never a traceback.
+    """
+    from memfit.step_workload import StepWorkload
+    from memfit.workload_spec import WorkloadSpec
+
+    progress(f"building the step spec of {model if isinstance(model, str) else 'the model'}")
+    if isinstance(model, str):
+        workload = WorkloadSpec(model, overrides=overrides, params=params).task_workload()
+    else:
+        workload = StepWorkload.from_data(model, optimizer, step_fn, data)
+    resolved = as_budget(budget) or emulated_budget()
+    assumed = assume_threads(*check_threads(threads)) if threads else contextlib.nullcontext()
+
+    def sampled(done: int, total: int) -> None:
+        progress(f"the high bound: process {done} of {total} replayed")
+
+    started = time.perf_counter()
+    with assumed, _young_collections():
+        progress(f"tracing the step at batch {batch_size}")
+        try:
+            graph = _start_trace(workload, int(batch_size)).result()
+        except MemfitError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - any trace failure: one line, then measure
+            text = str(exc.args[0]) if exc.args else str(exc)
+            first = next((line.strip() for line in text.splitlines() if line.strip()), "")
+            raise WorkloadError(
+                f"the estimate cannot trace {workload.name}'s step ({type(exc).__name__}: "
+                f"{first[:200]}); measure it instead (memfit measure)"
+            ) from None
+        traced = time.perf_counter() - started
+        result = _replayed(graph, workload, traced, started, samples=samples, on_sample=sampled)
+    result.budget = resolved
     result.estimate_seconds = time.perf_counter() - started
     return result
 

@@ -176,6 +176,12 @@ def plan(
     )
 
 
+REFUSED_TASK = (
+    "measure micro-batch sizes with memfit measure MODEL --batch-size 2,4,8, then train with "
+    "memfit.GuardedStep.from_task(task, model, optimizer, micro_batches=K)"
+)
+
+
 def plan_workload(
     workload: WorkloadSpec,
     batch_size: int,
@@ -204,6 +210,7 @@ def plan_workload(
     Returns:
         A `Plan`.
     """
+    workload.refuse_task("memfit plan", REFUSED_TASK)
     # Batches are made of the dataset's largest samples, so the answer holds for all.
     workload = dataclasses.replace(workload, worst_case=workload.data is not None)
     from memfit.isolate import child_spec

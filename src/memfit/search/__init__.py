@@ -324,6 +324,12 @@ def find_batch_size(
     )
 
 
+REFUSED_TASK = (
+    "measure sizes with memfit measure MODEL --batch-size 2,4,8 (each in a fresh process), and "
+    "train with memfit.GuardedStep.from_task, which recovers from OOM"
+)
+
+
 def search_workload(
     workload: WorkloadSpec,
     budget: Budget | str | int | None = None,
@@ -350,6 +356,7 @@ def search_workload(
     Returns:
         A `BatchSearchResult`.
     """
+    workload.refuse_task("memfit batch (find_batch_size)", REFUSED_TASK)
     # Batches are made of the dataset's largest samples, so the answer holds for all.
     workload = dataclasses.replace(workload, worst_case=workload.data is not None)
     margin = check_margin(margin)
