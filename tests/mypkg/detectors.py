@@ -228,8 +228,8 @@ def dfine() -> Any:
 
 
 def dfine_data() -> Any:
-    """CLI dataset: 8 `dfine_samples` at `DFINE_SIZE` px (64)."""
-    return dfine_samples(8, _size("DFINE_SIZE", 64))
+    """CLI dataset: 64 `dfine_samples` at `DFINE_SIZE` px (64)."""
+    return dfine_samples(64, _size("DFINE_SIZE", 64))
 
 
 def yolo() -> Any:
@@ -238,5 +238,5 @@ def yolo() -> Any:
 
 
 def yolo_data() -> Any:
-    """CLI dataset: 8 `yolo_samples` at `YOLO_SIZE` px (128)."""
-    return yolo_samples(8, _size("YOLO_SIZE", 128))
+    """CLI dataset: 64 `yolo_samples` at `YOLO_SIZE` px (128)."""
+    return yolo_samples(64, _size("YOLO_SIZE", 128))
