@@ -61,7 +61,7 @@ def test_batch_is_bracketed_by_a_real_oom_and_plan_splits_the_batch() -> None:
 
 @pytest.mark.slow
 def test_fit_recovers_on_a_shard_of_larger_images_and_the_report_shows_it(tmp_path) -> None:
-    """Plain `fit` dies on 256 px images under 200 MiB; `memfit.fit`, watched, finishes."""
+    """Plain `fit` dies on 320 px images under 200 MiB; `memfit.fit`, watched, finishes."""
     log = tmp_path / "run.jsonl"
     result = run_isolated(
         f"""
@@ -72,7 +72,7 @@ def test_fit_recovers_on_a_shard_of_larger_images_and_the_report_shows_it(tmp_pa
 
         def data():
             small = d.yolo_samples(8, 128).batch(4)
-            return small.concatenate(d.yolo_samples(8, 256, seed=1).batch(4))
+            return small.concatenate(d.yolo_samples(8, 320, seed=1).batch(4))
 
         try:
             d.yolo_detector(None).fit(data(), epochs=1, verbose=0)
@@ -93,9 +93,9 @@ def test_fit_recovers_on_a_shard_of_larger_images_and_the_report_shows_it(tmp_pa
     summary = result["summary"]
     assert summary["updates"] == result["updates"] == 4  # no batch lost
     small = [k for k in summary["micro_batches"] if k.startswith("4x128x128x3")]
-    large = [k for k in summary["micro_batches"] if k.startswith("4x256x256x3")]
+    large = [k for k in summary["micro_batches"] if k.startswith("4x320x320x3")]
     assert summary["micro_batches"][small[0]] == 1 and summary["micro_batches"][large[0]] >= 2
-    assert summary["recoveries"] and summary["recoveries"][0]["input_shapes"][0] == [4, 256, 256, 3]
+    assert summary["recoveries"] and summary["recoveries"][0]["input_shapes"][0] == [4, 320, 320, 3]
     assert result["loss"] == result["loss"]  # finite, not NaN
     assert "oom_recovery" in result["findings"]
 
