@@ -95,3 +95,25 @@ def test_fit_recovers_from_a_batch_too_large_and_the_report_shows_it(tmp_path) -
     out = _json(run_cli("report", str(log), "--json", env=ENV))
     assert (tmp_path / "run.html").exists()
     assert any(f["kind"] == "oom_recovery" for f in out["findings"])
+
+
+@pytest.mark.slow
+def test_batch_and_plan_at_128_px() -> None:
+    """`memfit batch` brackets D-FINE's largest batch; `memfit plan` reaches 32 in micro-batches.
+
+    Measured on 2 cores: 20-21 under 150 MiB; the plan is 2 micro-batches of 16.
+    """
+    env = {**ENV, "DFINE_SIZE": "128", "DFINE_QUERIES": "32"}
+    found = _json(
+        run_cli("batch", *MODEL, "--memory", "150MiB", "--soak-steps", "3", "--json", env=env)
+    )
+    assert found["stopped_by"] == "bracket", found
+    assert 8 <= found["batch_size"] < 32
+    plan = _json(
+        run_cli(
+            "plan", *MODEL, "-b", "32", "--memory", "150MiB", "--precision", "float32",
+            "--remat", "none", "--no-confirm", "--json", env=env,
+        )
+    )
+    assert plan["micro_batch_size"] * plan["accumulation_steps"] == 32, plan
+    assert plan["accumulation_steps"] >= 2
