@@ -23,6 +23,9 @@ $(STAMP): pyproject.toml
 	@# requirement, which would add the full `tensorflow` beside tensorflow-cpu.
 	$(PY) -m pip install -q --no-deps "keras-hub>=0.21"
 	$(PY) -m pip install -q $(HUB_DEPS)
+	@# kyolo (the YOLO family the detector tests train) without matplotlib and pillow, which
+	@# only its plotting helpers import: it needs nothing else beside keras and numpy.
+	$(PY) -m pip install -q --no-deps "kyolo>=0.1.5"
 	@touch $(STAMP)
 
 install: $(STAMP)

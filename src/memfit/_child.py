@@ -389,6 +389,15 @@ def load_dataset(spec: str) -> Any:
     return call_factory(spec)
 
 
+def _clean(text: str) -> str:
+    """A model's error message on one line (its layer and cause), as `memfit.errors` makes it."""
+    try:
+        from memfit.errors import clean_message
+    except ImportError:  # pragma: no cover - the child runs in memfit's environment
+        return text
+    return clean_message(text) or text
+
+
 def _payload(call: Callable[[], Any]) -> dict[str, Any]:
     """Run `call`; its result, or its error as the parent re-raises it."""
     try:
@@ -400,7 +409,7 @@ def _payload(call: Callable[[], Any]) -> dict[str, Any]:
         return {
             "error": {
                 "type": type(exc).__name__,
-                "message": str(exc),
+                "message": str(exc) if is_memfit else _clean(str(exc)),
                 "memfit": is_memfit,
                 "traceback": traceback.format_exc(),
             }

@@ -33,7 +33,7 @@ from memfit.attribution import KINDS
 from memfit.backend.tf_kernels import assume_threads
 from memfit.budget import Budget, as_budget, emulated_budget, emulated_memory_growth
 from memfit.checks import check_batch_size, check_threads
-from memfit.errors import MemfitError, WorkloadError
+from memfit.errors import MemfitError, WorkloadError, one_line
 from memfit.estimation.background import PendingRange, start_peak_range
 from memfit.estimation.bounds import SAMPLES
 from memfit.estimation.helper import WhatIfQueue
@@ -466,12 +466,14 @@ def estimate(
             queue = WhatIfQueue(_helper(arguments) if rebuild else None)
             stack.callback(queue.close)
         progress(f"tracing the step at batch {batch_size}")
-        workload = build()
+        with _step_errors():
+            workload = build()
         variants = _variants(_sample_shapes(workload), optimizer) if rebuild else []
         if queue is not None:
             queue.add(_queue_order(variants))
         tracing = time.perf_counter()  # the trace's time leaves the model's build out
-        pending_base = _start_trace(workload, int(batch_size))
+        with _step_errors():
+            pending_base = _start_trace(workload, int(batch_size))
         traced = time.perf_counter() - tracing
         early = None
         if queue is not None:
@@ -572,6 +574,26 @@ def _estimate_step(
     result.budget = resolved
     result.estimate_seconds = time.perf_counter() - started
     return result
+
+
+@contextlib.contextmanager
+def _step_errors() -> Iterator[None]:
+    """Errors raised by the model's own code while it is built or its step traced, as one line.
+
+    A model whose step cannot be traced (a layer refusing its inputs, a loss refusing its
+    targets) is the user's to fix: it becomes a `WorkloadError` that names the layer and the
+    cause, as `memfit measure` reports the same failure from its child process, instead of
+    Keras' traceback. memfit's own errors pass through unchanged.
+    """
+    try:
+        yield
+    except MemfitError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the model's code can raise anything
+        raise WorkloadError(
+            f"the training step could not be traced: {one_line(exc)} (run the model's "
+            f"`fit` on one batch for the whole traceback)"
+        ) from exc
 
 
 def _check_choice(name: str, value: str | None, choices: Sequence[str]) -> None:

@@ -198,6 +198,13 @@ class BatchSearchResult:
             )
         elif self.worst_case_samples:
             text += "; measured on the dataset's largest samples, so it holds for all of them"
+        if self.stopped_by == "dataset_size":
+            text += (
+                f"; the dataset holds only {self.batch_size} samples, so no larger batch was "
+                f"tried: a larger dataset may fit more"
+            )
+        elif self.stopped_by == "max_batch":
+            text += f"; the search stopped at its maximum ({self.batch_size}, --max-batch)"
         return text
 
 
