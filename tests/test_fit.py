@@ -241,7 +241,7 @@ emit(errors)
         assert "batch size must be a whole number of at least 1" in result[bad]
     assert "never compiled" in result["uncompiled"]
     assert "already batched by 8" in result["batched"]
-    assert "expected a keras.Model" in result["not_a_model"]
+    assert "expected a Keras model (keras.Model or tf_keras.Model)" in result["not_a_model"]
     assert "repeats for ever" in result["endless"] and "steps_per_epoch=N" in result["endless"]
     assert result["with_steps"] == 1  # with steps_per_epoch it trains, and the epoch ends
 
