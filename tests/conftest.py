@@ -10,6 +10,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # collection order: started first, the long files run beside each other and the short ones
 # fill in after, instead of one long file starting last and running alone at the end.
 LONGEST_FIRST = (
+    "test_detectors_yolo.py",
+    "test_detectors_dfine.py",
     "test_search.py",
     "test_demo.py",
     "test_cli.py",
@@ -29,6 +31,7 @@ LONGEST_FIRST = (
     "test_readme.py",
     "test_estimate.py",
     "data/test_data_audit_images.py",
+    "test_accumulate_detectors.py",
 )
 
 
