@@ -63,16 +63,19 @@ test-garden: install-garden
 	$(GARDEN_PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests/garden --durations=10
 
 # Benchmarks: one script per claim, tables on the terminal, JSON in bench/results/.
-bench: install
+bench: install install-garden
 	@mkdir -p bench/results
+	MEMFIT_GARDEN_PYTHON=$(GARDEN_PY) $(PY) -m bench.detectors --out bench/results/detectors.json
 	$(PY) -m bench.batch_search --out bench/results/batch_search.json
 	$(PY) -m bench.recovery --out bench/results/recovery.json
 	$(PY) -m bench.watch_overhead --out bench/results/watch_overhead.json
 	$(PY) -m bench.data_audit --out bench/results/data_audit.json
 	$(PY) -m bench.estimate_accuracy --out bench/results/estimate_accuracy.json
 
-bench-quick: install
+bench-quick: install install-garden
 	@mkdir -p bench/results
+	MEMFIT_GARDEN_PYTHON=$(GARDEN_PY) $(PY) -m bench.detectors --quick \
+		--out bench/results/detectors_quick.json
 	$(PY) -m bench.batch_search --quick --out bench/results/batch_search_quick.json
 	$(PY) -m bench.recovery --quick --out bench/results/recovery_quick.json
 	$(PY) -m bench.watch_overhead --quick --out bench/results/watch_overhead_quick.json
