@@ -12,7 +12,7 @@ RetinaNet; Mask R-CNN not yet) at a named size under a named emulated budget:
 3. Recovery: under the budget, train on batches that fit, then on batches that do not (larger
    images, or a larger batch where the family takes one image size) with `memfit.fit` (Keras
    3) or `memfit.GuardedStep.from_task` (Model Garden): updates kept against batches fed, and
-   the largest relative difference of the final weights against the same run under a roomy
+   the relative difference of the final weights (over all of them) against the same run under a roomy
    budget (same seed, same data), where nothing ran out of memory.
 4. Step time: memfit's guarded step (`GuardedStep`, K=1, what `memfit.fit` runs) against the
    family's own plain step, same process, roomy budget, interleaved, median of the measured
@@ -440,11 +440,13 @@ def recovery(family: Family, tmp: str) -> dict[str, Any]:
         )
         runs[name]["weights"] = path
     tight, roomy = (np.load(runs[n]["weights"]) for n in ("tight", "roomy"))
-    differences = [
-        float(np.max(np.abs(tight[k] - roomy[k])) / max(float(np.max(np.abs(roomy[k]))), 1e-12))
-        for k in roomy.files
-        if roomy[k].size
-    ]
+    # Over all weights at once (||tight - roomy|| / ||roomy||), as the tests compare runs: a
+    # per-tensor maximum is ruled by a small bias or BatchNorm statistic a split moves.
+    keys = [k for k in roomy.files if roomy[k].size]
+    difference = float(
+        np.sqrt(sum(np.sum((tight[k] - roomy[k]).astype(np.float64) ** 2) for k in keys))
+        / max(np.sqrt(sum(np.sum(roomy[k].astype(np.float64) ** 2) for k in keys)), 1e-30)
+    )
     return {
         "shards": shards,
         "fed": runs["tight"]["fed"],
@@ -453,7 +455,7 @@ def recovery(family: Family, tmp: str) -> dict[str, Any]:
         "micro_batches": runs["tight"]["micro_batches"],
         "roomy_updates": runs["roomy"]["updates"],
         "roomy_recoveries": runs["roomy"]["recoveries"],
-        "max_relative_difference": max(differences),
+        "relative_difference": difference,
     }
 
 
@@ -503,7 +505,7 @@ def table(report: dict[str, Any]) -> Table:
         "estimate (high) vs measured",
         "error",
         "batch -> 20 fit steps",
-        "recovery: updates/fed, max rel. diff",
+        "recovery: updates/fed, rel. diff",
         "step: guarded / plain",
     ):
         t.add_column(column)
@@ -532,7 +534,7 @@ def table(report: dict[str, Any]) -> Table:
         if rec:
             recov = (
                 f"{rec['updates']}/{rec['fed']} ({rec['recoveries']} OOM recovered), "
-                f"{rec['max_relative_difference']:.1e}"
+                f"{rec['relative_difference']:.1e}"
             )
         else:
             recov = f"failed: {r.get('recovery_error', '-')}"
@@ -596,7 +598,7 @@ def main(argv: list[str] | None = None) -> int:
         {
             "title": "Model Garden Mask R-CNN",
             "size": "-",
-            "not_measured": "its recipe is being written elsewhere",
+            "not_measured": "not in this benchmark yet (tests/garden/test_garden_maskrcnn.py)",
         }
     )
     report["seconds"] = time.perf_counter() - started
