@@ -12,7 +12,7 @@ RetinaNet; Mask R-CNN not yet) at a named size under a named emulated budget:
 3. Recovery: under the budget, train on batches that fit, then on batches that do not (larger
    images, or a larger batch where the family takes one image size) with `memfit.fit` (Keras
    3) or `memfit.GuardedStep.from_task` (Model Garden): updates kept against batches fed, and
-   the relative difference of the final weights (over all of them) against the same run under a roomy
+   the relative difference of all final weights against the same run under a roomy
    budget (same seed, same data), where nothing ran out of memory.
 4. Step time: memfit's guarded step (`GuardedStep`, K=1, what `memfit.fit` runs) against the
    family's own plain step, same process, roomy budget, interleaved, median of the measured
