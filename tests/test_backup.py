@@ -249,7 +249,7 @@ emit(errors)
     assert "is a file, not a directory" in result["file"]
     assert "save_freq must be 'epoch' or a whole number" in result["save_freq"]
     assert "leave steps_per_epoch out" in result["steps"]
-    assert "infinite (repeat())" in result["infinite"]
+    assert "repeats for ever" in result["infinite"]  # refused before the backup looks
     assert "is of another model" in result["other_model"]
     assert result["untouched"] is True
     assert result["handler_after"] is True and result["kept"] == "end"

@@ -224,7 +224,6 @@ def start_trace(workload: Any, batch_size: int) -> TracedStep:
         specs = tf.nest.map_structure(
             lambda t: tf.TensorSpec(t.shape, t.dtype), workload.batch(batch_size)
         )
-        optimizer_vars = workload.optimizer_variables()
         optimizer = workload.optimizer
     else:
         # Traced as `model.fit` traces it: for batches of any size. Grappler then keeps what
@@ -233,8 +232,12 @@ def start_trace(workload: Any, batch_size: int) -> TracedStep:
         function = tf.function(model.train_step, jit_compile=False)
         specs = batch_specs(workload, None)  # made from one sample, once
         optimizer = model.optimizer
-        optimizer_vars = getattr(optimizer, "variables", []) or []
     concrete = function.get_concrete_function(specs)
+    # Read after the trace: the first trace builds the optimizer's slots.
+    if stepped:
+        optimizer_vars = workload.optimizer_variables()
+    else:
+        optimizer_vars = getattr(optimizer, "variables", []) or []
     traced = concrete.graph
     fetches = [t.name for t in concrete.outputs]
     graph_def = traced.as_graph_def()
