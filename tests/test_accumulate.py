@@ -134,9 +134,20 @@ def test_trace_builds_the_function_once_per_k_without_running_it() -> None:
     model = _model()
     step = AccumulatingStep(model)
     step.trace(_batch(), 2)
-    assert list(step._gradient_fns) == [2]
+    assert [k for _, k in step._gradient_fns] == [2]
     assert step.connected == [0, 1, 2, 3]
     assert float(step.results()["loss"]) == 0.0  # traced, not run
+
+
+def test_release_drops_only_the_function_of_those_shapes_and_k() -> None:
+    model = _model()
+    step = AccumulatingStep(model)
+    x, y = _batch()
+    step.trace((x, y), 2)
+    step.trace((x[:4], y[:4]), 2)
+    step.release((x, y), 2)
+    assert list(step._gradient_fns) == [(((4, *x.shape[1:]), (4, *y.shape[1:])), 2)]
+    assert len(step.gradients((x, y), 2)) == 4  # traced again when asked for again
 
 
 def test_unpack_takes_x_y_and_sample_weight() -> None:

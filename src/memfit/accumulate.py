@@ -27,6 +27,7 @@ per micro-batch with its `optimizer.apply_gradients` call captured instead of ap
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -83,7 +84,8 @@ class AccumulatingStep:
             keras = tfb.import_keras()
             with model.distribute_strategy.scope():
                 self.loss_tracker = keras.metrics.Mean(name="loss")
-        self._gradient_fns: dict[int, Callable[..., Any]] = {}
+        # One function per input shapes and K: each holds its instantiated graph's buffers.
+        self._gradient_fns: dict[tuple[Any, int], Callable[..., Any]] = {}
         self._apply_fn: Callable[..., Any] | None = None
         self._apply_reduced_fn: Callable[..., Any] | None = None
         self._reduce_fn: Callable[..., Any] | None = None
@@ -97,19 +99,43 @@ class AccumulatingStep:
         Returns the gradients of the variables at `self.connected` (those that get one);
         under a strategy, per-replica values for `apply`.
         """
-        fn = self._gradient_fns.get(k)
-        if fn is None:
-            fn = self._gradient_fns[k] = self._make_gradient_fn(k)
+        fn = self._gradient_fn(data, k)
         with self._recomputing():
             return fn(data)
 
     def trace(self, data: Any, k: int) -> None:
         """Trace the gradients function for this batch's shapes and `k` without running it."""
-        fn = self._gradient_fns.get(k)
-        if fn is None:
-            fn = self._gradient_fns[k] = self._make_gradient_fn(k)
+        fn = self._gradient_fn(data, k)
         with self._recomputing():
-            fn.get_concrete_function(data)
+            try:
+                fn.get_concrete_function(data)
+            except Exception as exc:
+                unsplittable = _needs_static_batch(exc, data, k)
+                if unsplittable is None:
+                    raise
+                raise unsplittable from exc
+
+    def release(self, data: Any, k: int) -> None:
+        """Drop the gradients function for this batch's shapes and `k` (after it ran out of
+        memory: that K is not tried again for these shapes).
+
+        An instantiated step keeps buffers for as long as it lives (on the Model Garden's
+        RetinaNet, 128 px, 20-50 MiB each, with or without grappler); a function that failed
+        would hold them for nothing.
+
+        Example:
+            ```python
+            step.release(batch, k=1)   # K=1 ran out of memory on this batch's shapes
+            ```
+        """
+        self._gradient_fns.pop((_shapes(data), k), None)
+
+    def _gradient_fn(self, data: Any, k: int) -> Callable[..., Any]:
+        key = (_shapes(data), k)
+        fn = self._gradient_fns.get(key)
+        if fn is None:
+            fn = self._gradient_fns[key] = self._make_gradient_fn(k)
+        return fn
 
     def _recomputing(self) -> Any:
         """The model's forward segmented while a step is traced (see `memfit.recompute`)."""
@@ -372,6 +398,65 @@ class AccumulatingStep:
 def _as_summed(grads_and_vars: Any) -> list[Any]:
     """Keras' gradient all-reduce where the gradients come summed already: nothing to do."""
     return list(grads_and_vars)
+
+
+_LAYER_ERROR = re.compile(
+    r"Exception encountered when calling (?:layer '(?P<name>[^']+)' \(type (?P<type>\w+)\)"
+    r"|(?P<display>[\w.()]+?))\.?\n+(?:\x1b\[1m)?(?P<message>[^\n\x1b]*)"
+)
+
+
+def _needs_static_batch(exc: Exception, data: Any, k: int) -> MemfitError | None:
+    """The error to raise where tracing `k` micro-batches of unequal size failed in a layer.
+
+    Micro-batches of unequal size (K does not divide the batch) are traced without a static
+    batch size; a layer that needs one (the Model Garden's Mask R-CNN samplers loop over the
+    batch in Python) then fails while tracing. Returns None where the micro-batches are of
+    one size, or the error does not come from a Keras layer: that error is the model's own.
+    """
+    x, _, _ = _unpack(data)
+    leaves = [leaf for leaf in _flatten(x) if getattr(leaf, "shape", None) is not None]
+    batch = leaves[0].shape[0] if leaves and leaves[0].shape.rank else None
+    if k < 2 or batch is None:
+        return None
+    micro = -(-batch // k)
+    if batch % micro == 0:
+        return None
+    match = _LAYER_ERROR.search(str(exc))
+    if match is None:
+        return None
+    layer = (
+        f"layer {match['name']!r} ({match['type']})"
+        if match["name"]
+        else f"layer {match['display'].removesuffix('.call()')}"
+    )
+    sizes = [min(micro, batch - start) for start in range(0, batch, micro)]
+    divisible = [n for n in range(2, batch + 1) if batch % n == 0]
+    fix = f"micro_batches={divisible[0]} (one that divides {batch})" if divisible else ""
+    even = k * micro
+    reason = f" ({match['message'].strip()})" if match["message"].strip() else ""
+    return MemfitError(
+        f"cannot split the batch of {batch} into {k} micro-batches: as "
+        f"{' + '.join(map(str, sizes))} samples they have no static batch size, and "
+        f"{layer} needs one{reason}. Use a batch size that {k} "
+        f"divides (e.g. {even}){' or ' + fix if fix else ''}"
+    )
+
+
+def _shapes(data: Any) -> tuple[Any, ...]:
+    """The static shapes of a batch's tensors (per replica value under a strategy)."""
+    out = []
+    for leaf in _flatten(data):
+        values = getattr(leaf, "values", None)
+        if isinstance(values, tuple):  # PerReplica: one value per replica
+            leaf = values[0]
+        shape = getattr(leaf, "shape", None)
+        out.append(tuple(shape) if shape is not None and shape.rank is not None else None)
+    return tuple(out)
+
+
+def _flatten(structure: Any) -> list[Any]:
+    return tfb.import_tf().nest.flatten(structure)
 
 
 def _unpack(data: Any) -> tuple[Any, Any, Any]:

@@ -187,6 +187,8 @@ class GuardedStep:
             if recovery is not None:
                 grads = None  # went through here but not on another worker: retried with it
                 self._step.restore_metrics(saved_metrics)
+                if recovery.new_micro_batches != k:  # this K is not tried again on these shapes
+                    self._step.release(data, k)
                 failed_at = failed_at or time.perf_counter()
                 pending, k = recovery, recovery.new_micro_batches
                 continue

@@ -3,7 +3,9 @@
 Nothing is downloaded: every image is drawn here (a noisy background with one filled,
 coloured rectangle per object, so the boxes mark real content) and JPEG- or PNG-encoded with
 TensorFlow. `write_dataset` writes shards; `large_shard=True` adds a shard at twice the
-resolution (the "new images at a higher resolution" that make yesterday's batch size OOM).
+resolution (the "new images at a higher resolution" that make yesterday's batch size OOM);
+`masks=True` adds an instance mask per object (the filled rectangle, PNG-encoded as the OD-API
+and the Model Garden's Mask R-CNN read them).
 """
 
 from __future__ import annotations
@@ -70,6 +72,33 @@ def encode_image(image: np.ndarray, image_format: str = "jpeg") -> bytes:
     return bytes(tf.io.encode_jpeg(image, quality=90).numpy())
 
 
+def box_masks(height: int, width: int, boxes: Any) -> list[bytes]:
+    """PNG-encoded instance masks of whole-pixel boxes, as OD-API's `image/object/mask` holds.
+
+    Each mask is a single-channel `height` x `width` PNG, 1 inside its box and 0 elsewhere
+    (the box as drawn, though a later object may cover part of it).
+
+    Args:
+        height: image height in pixels.
+        width: image width in pixels.
+        boxes: (objects, 4) ymin, xmin, ymax, xmax in pixels, ymax and xmax exclusive.
+
+    Returns:
+        One PNG (bytes) per box.
+
+    Example:
+        >>> len(box_masks(8, 8, [[0, 0, 4, 4], [2, 2, 8, 8]]))
+        2
+    """
+    tf = tfb.import_tf()
+    masks = []
+    for ymin, xmin, ymax, xmax in np.asarray(boxes, np.float64).reshape(-1, 4).astype(int):
+        mask = np.zeros((height, width, 1), np.uint8)
+        mask[ymin:ymax, xmin:xmax] = 1
+        masks.append(bytes(tf.io.encode_png(mask).numpy()))
+    return masks
+
+
 def od_api_example(
     encoded: bytes,
     height: int,
@@ -81,6 +110,7 @@ def od_api_example(
     filename: str = "",
     normalized: bool = False,
     drop: Sequence[str] = (),
+    masks: Sequence[bytes] | None = None,
 ) -> bytes:
     """A serialized OD-API `tf.train.Example`.
 
@@ -95,6 +125,8 @@ def od_api_example(
         filename: written to `image/filename`.
         normalized: `boxes` are already in [0, 1].
         drop: feature keys to leave out (for making faulty records).
+        masks: PNG-encoded instance masks, one per box (`box_masks`), written to
+            `image/object/mask`; None: no masks.
 
     Example:
         >>> record = od_api_example(b"...", 10, 10, [[0, 0, 5, 5]], [1])
@@ -128,6 +160,10 @@ def od_api_example(
         "image/object/class/label": i(labels),
         "image/object/class/text": b([t.encode() for t in texts]),
     }
+    if masks is not None:
+        if len(masks) != len(boxes):
+            raise ValueError(f"{len(masks)} masks for {len(boxes)} boxes: give one per box")
+        feature["image/object/mask"] = b(masks)
     for key in drop:
         feature.pop(key, None)
     example = tf.train.Example(features=tf.train.Features(feature=feature))
@@ -146,6 +182,7 @@ def write_dataset(
     gzip_compress: bool = False,
     seed: int = 0,
     prefix: str = "train",
+    masks: bool = False,
 ) -> list[str]:
     """Write `count` synthetic OD-API examples into `shards` TFRecord files; return their paths.
 
@@ -162,9 +199,12 @@ def write_dataset(
         gzip_compress: write gzip-compressed files (`.tfrecord.gz`).
         seed: random seed.
         prefix: file name prefix.
+        masks: also write an instance mask per object (`image/object/mask`, PNG, the
+            object's rectangle), as Mask R-CNN trains on.
 
     Example:
         >>> files = write_dataset("/tmp/od", count=16, shards=2)  # doctest: +SKIP
+        >>> files = write_dataset("/tmp/seg", masks=True)  # doctest: +SKIP
     """
     os.makedirs(directory, exist_ok=True)
     rng = np.random.default_rng(seed)
@@ -197,6 +237,7 @@ def write_dataset(
                     sample.labels,
                     image_format,
                     filename=f"{prefix}-{number}-{k}.{'png' if image_format == 'png' else 'jpg'}",
+                    masks=box_masks(h, w, sample.boxes) if masks else None,
                 )
             )
         path = os.path.join(directory, f"{prefix}-{number:05d}-of-{total:05d}{suffix}")
