@@ -450,8 +450,9 @@ def _shapes(data: Any) -> tuple[Any, ...]:
         values = getattr(leaf, "values", None)
         if isinstance(values, tuple):  # PerReplica: one value per replica
             leaf = values[0]
-        shape = getattr(leaf, "shape", None)
-        out.append(tuple(shape) if shape is not None and shape.rank is not None else None)
+        shape = getattr(leaf, "shape", None)  # a NumPy array's is a plain tuple
+        shape = None if shape is None else tfb.import_tf().TensorShape(shape)
+        out.append(tuple(shape.as_list()) if shape is not None and shape.rank is not None else None)
     return tuple(out)
 
 
