@@ -178,9 +178,9 @@ def test_retinanet_recovers_from_five_ooms_exactly_and_leaves_no_memory_behind(
     assert _relative_norm_difference(trained, _weights(out + "-k1.npz")) <= 0.01
     # Bytes in use between steps, from the bytes before the first step: after each recovery
     # as after the same step in a run that never ran out of memory (same sizes, same K),
-    # within 8 MiB (measured 1.5-6 MiB, not growing). The failed K's function, had it been
-    # kept, would hold 25-50 MiB.
+    # within 16 MiB (measured 1.5-9.0 MiB over runs, not growing from size to size). The
+    # failed K's function, had it been kept, would hold 25-50 MiB.
     start, clean_start = budget["rows"][0]["before"], same_k["rows"][0]["before"]
     for failed, clean in zip(budget["rows"], same_k["rows"], strict=True):
         grown = (failed["after"] - start) - (clean["after"] - clean_start)
-        assert abs(grown) <= 8 * 2**20, (failed, clean)
+        assert abs(grown) <= 16 * 2**20, (failed, clean)
