@@ -88,3 +88,32 @@ def test_backprop_input_takes_one_image_when_a_thread_share_exceeds_l2():
     # The filter gradient has no such rule: ceil(30 MiB / 4 B / 2,043,904 floats) = 4 images.
     op = _conv_grad("Conv2DBackpropFilter", [8, 56, 56, 64], [3, 3, 64, 64], [8, 56, 56, 64])
     assert conv_backprop_scratch_bytes(op, intra_threads=2) == 4 * 56 * 56 * 576 * 4
+
+
+def test_thread_counts_follow_tensorflows_environment_variables(monkeypatch):
+    """`TF_NUM_INTEROP_THREADS` / `TF_NUM_INTRAOP_THREADS` size TensorFlow's pools where
+    `tf.config.threading` sets nothing, so the replay and the Conv2D scratch follow them."""
+    from types import SimpleNamespace
+
+    from memfit.backend import tf_kernels
+
+    configured = {"inter": 0, "intra": 0}
+    threading = SimpleNamespace(
+        get_inter_op_parallelism_threads=lambda: configured["inter"],
+        get_intra_op_parallelism_threads=lambda: configured["intra"],
+    )
+    tf = SimpleNamespace(config=SimpleNamespace(threading=threading))
+    monkeypatch.delenv("TF_NUM_INTEROP_THREADS", raising=False)
+    monkeypatch.delenv("TF_NUM_INTRAOP_THREADS", raising=False)
+    cpus = tf_kernels.schedulable_cpus()
+    assert tf_kernels.inter_threads(tf) == cpus and tf_kernels.intra_threads(tf) == cpus
+    monkeypatch.setenv("TF_NUM_INTEROP_THREADS", "1")
+    monkeypatch.setenv("TF_NUM_INTRAOP_THREADS", "3")
+    assert tf_kernels.inter_threads(tf) == 1
+    assert tf_kernels.intra_threads(tf) == 3
+    assert tf_kernels.concurrent_ops(tf) == 1
+    configured["inter"] = 2  # tf.config.threading, where set, comes first
+    assert tf_kernels.inter_threads(tf) == 2
+    configured["inter"] = 0
+    monkeypatch.setenv("TF_NUM_INTEROP_THREADS", "many")  # not a number: TensorFlow ignores it
+    assert tf_kernels.inter_threads(tf) == cpus

@@ -205,12 +205,23 @@ def assume_threads(inter: int, intra: int) -> Iterator[None]:
         _assumed = previous
 
 
+def _threads_from_environment(name: str) -> int:
+    """A thread count TensorFlow takes from the environment when none is configured, else 0.
+
+    TensorFlow reads `TF_NUM_INTEROP_THREADS` / `TF_NUM_INTRAOP_THREADS` once, when its
+    thread pools are made, and uses them where `tf.config.threading` sets nothing
+    (`process_util.cc`); `tf.config.threading` reports 0 for them all the same.
+    """
+    value = os.environ.get(name, "").strip()
+    return int(value) if value.isdigit() else 0
+
+
 def intra_threads(tf: Any) -> int:
     """Intra-op threads of the process the step is described for."""
     if _assumed is not None:
         return _assumed[1]
     configured = tf.config.threading.get_intra_op_parallelism_threads()
-    return configured or schedulable_cpus()
+    return configured or _threads_from_environment("TF_NUM_INTRAOP_THREADS") or schedulable_cpus()
 
 
 def inter_threads(tf: Any) -> int:
@@ -218,7 +229,7 @@ def inter_threads(tf: Any) -> int:
     if _assumed is not None:
         return _assumed[0]
     configured = tf.config.threading.get_inter_op_parallelism_threads()
-    return configured or schedulable_cpus()
+    return configured or _threads_from_environment("TF_NUM_INTEROP_THREADS") or schedulable_cpus()
 
 
 def concurrent_ops(tf: Any) -> int:
