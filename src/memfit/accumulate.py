@@ -306,6 +306,32 @@ class AccumulatingStep:
         if self._metric_vars:
             self._restore_fn(saved)
 
+    def save_forward_state(self) -> list[Any]:
+        """Copies of what a training forward pass writes besides metrics: BatchNorm's moving
+        statistics and Keras' dropout seeds, for `restore_forward_state` after an OOM.
+
+        A try that runs out of memory has often run the forward pass already (the OOM strikes
+        in the backward pass); without this the retry would move the statistics again.
+        Saved and restored outside the replicas: a mirrored variable's copies agree.
+        """
+        if not hasattr(self, "_forward_vars"):
+            tf = tfb.import_tf()
+            self._forward_vars = forward_state_variables(self.model)
+            variables = self._forward_vars
+
+            def write(values: list[Any]) -> None:
+                for v, value in zip(variables, values, strict=True):
+                    v.assign(value)
+
+            self._save_forward_fn = tf.function(lambda: [tf.identity(v) for v in variables])
+            self._restore_forward_fn = tf.function(write)
+        return self._save_forward_fn() if self._forward_vars else []
+
+    def restore_forward_state(self, saved: list[Any]) -> None:
+        """Put BatchNorm's moving statistics and the dropout seeds back as saved."""
+        if self._forward_vars:
+            self._restore_forward_fn(saved)
+
     def _micro_gradients(
         self, variables: list[Any], x: Any, y: Any, sample_weight: Any, share: Any
     ) -> list[Any]:
@@ -393,6 +419,34 @@ class AccumulatingStep:
         if self.loss_tracker is not None:
             return {"loss": self.loss_tracker.result()}
         return self.model.get_metrics_result()
+
+
+def forward_state_variables(model: Any) -> list[Any]:
+    """The variables a training forward pass of `model` writes, besides its metrics.
+
+    BatchNorm's `moving_mean` / `moving_variance` (Keras 3 and tf_keras, the Model Garden's
+    synchronised BatchNorm included) and the state of Keras 3's seed generators (dropout,
+    noise layers). Frozen weights, also non-trainable, are left out: nothing writes them.
+
+    Example:
+        >>> import keras
+        >>> model = keras.Sequential([keras.Input((4,)), keras.layers.BatchNormalization()])
+        >>> [v.name for v in forward_state_variables(model)]
+        ['moving_mean', 'moving_variance']
+    """
+    found: dict[int, Any] = {}
+    flatten = getattr(model, "_flatten_layers", None)
+    layers = list(flatten()) if callable(flatten) else [model]
+    for layer in layers:
+        for name in ("moving_mean", "moving_variance"):
+            variable = getattr(layer, name, None)
+            if variable is not None and hasattr(variable, "assign"):
+                found.setdefault(id(variable), variable)
+        for generator in getattr(layer, "_seed_generators", None) or []:
+            state = getattr(generator, "state", None)
+            if state is not None and hasattr(state, "assign"):
+                found.setdefault(id(state), state)
+    return list(found.values())
 
 
 def _as_summed(grads_and_vars: Any) -> list[Any]:

@@ -181,12 +181,14 @@ class GuardedStep:
                 if pending is not None:
                     pending.trace_seconds += time.perf_counter() - started
             saved_metrics = self._step.save_metrics()
+            saved_forward = self._step.save_forward_state()
             grads, failure = self._attempt(self._gradients, data, k)
             # Every worker of a multi-worker strategy takes the same decision (one process: its own)
             recovery, guard = self._settle(failure, "gradients", k, batch, shapes, update)
             if recovery is not None:
                 grads = None  # went through here but not on another worker: retried with it
                 self._step.restore_metrics(saved_metrics)
+                self._step.restore_forward_state(saved_forward)
                 if recovery.new_micro_batches != k:  # this K is not tried again on these shapes
                     self._step.release(data, k)
                 failed_at = failed_at or time.perf_counter()
@@ -220,6 +222,7 @@ class GuardedStep:
             if snapshot is not None:
                 self._restore(snapshot)
             self._step.restore_metrics(saved_metrics)
+            self._step.restore_forward_state(saved_forward)
             self._update_peak = None
             failed_at = failed_at or time.perf_counter()
             apply_failures += 1
