@@ -43,21 +43,21 @@ def test_a_task_spec_that_cannot_be_right_says_why(kwargs: dict, words: str) -> 
     assert isinstance(caught.value, MemfitError) and words in str(caught.value)
 
 
-def test_batch_and_plan_refuse_a_task_in_one_line() -> None:
+def test_plan_of_a_task_refuses_precision_and_remat_in_one_line() -> None:
     from memfit.planning import plan_workload
-    from memfit.search import search_workload
 
     spec = WorkloadSpec("garden:retinanet_resnetfpn_coco")
-    with pytest.raises(WorkloadError, match=r"memfit batch .*GuardedStep\.from_task"):
-        search_workload(spec, "1GiB")
-    with pytest.raises(WorkloadError, match=r"memfit plan .*GuardedStep\.from_task"):
-        plan_workload(spec, 8, "1GiB")
+    for asked in ({"precisions": ["mixed_float16"]}, {"remat_modes": ["full"]}):
+        with pytest.raises(MemfitError, match=r"runtime\.mixed_precision_dtype"):
+            plan_workload(spec, 8, "1GiB", **asked)
 
 
 @pytest.mark.skipif(
     importlib.util.find_spec("official") is not None, reason="tf-models-official is installed"
 )
-@pytest.mark.parametrize("command", [("measure", "-b", "2"), ("estimate", "-b", "2"), ("batch",)])
+@pytest.mark.parametrize(
+    "command", [("measure", "-b", "2"), ("estimate", "-b", "2"), ("batch",), ("plan", "-b", "4")]
+)
 def test_a_garden_name_without_the_model_garden_is_one_line(command: tuple[str, ...]) -> None:
     proc = run_cli(*command, "garden:retinanet_resnetfpn_coco", "--set", SETS[0])
     assert proc.returncode == 2, proc.stderr

@@ -55,7 +55,7 @@ def open_measurer(
             from memfit.step_workload import refuse_for_step
 
             # The task's own step: its model, optimizer and train_step (a `StepWorkload`).
-            refuse_for_step(micro_batches=micro_batches, recompute=recompute)
+            refuse_for_step(recompute=recompute)
             built = spec.task_workload()
             built.build_optimizer()
         else:
@@ -266,8 +266,10 @@ def confirm_plan(
     from memfit.workload_spec import WorkloadSpec
 
     tf = tfb.import_tf()
-    keras = tfb.import_keras()
     spec = WorkloadSpec.from_json(workload)
+    if spec.is_task:
+        return _confirm_task_plan(spec, batch_size, micro_batches, steps)
+    keras = tfb.import_keras()
     built = spec.workload()
     model = built.model
     device = tfb.default_device()
@@ -303,6 +305,63 @@ def confirm_plan(
             on_recovery=stop,
             recompute=remat_recompute(spec.remat),
         )
+    except _Recovered:
+        pass
+    except MemfitError as exc:  # even one sample per micro-batch ran out of memory
+        error = str(exc)
+    return {
+        "steps_done": len(times),
+        "recoveries": recoveries,
+        "peak_bytes": max(peaks) if peaks else None,
+        "peaks_bytes": peaks,
+        "step_seconds": statistics.median(times[1:]) if len(times) > 1 else None,
+        "error": error,
+        "device": device,
+    }
+
+
+def _confirm_task_plan(
+    spec: Any, batch_size: int, micro_batches: int, steps: int
+) -> dict[str, Any]:
+    """`confirm_plan` for a Model Garden task: `steps` calls of `GuardedStep.from_task` at K
+    on one batch of the task's inputs, stopped at the first recovery."""
+    import statistics
+    import time
+
+    import memfit
+    from memfit.backend import tf as tfb
+    from memfit.errors import MemfitError
+
+    tf = tfb.import_tf()
+    built = spec.task_workload()
+    device = tfb.default_device()
+    data = built.batch(int(batch_size))
+    peaks: list[int] = []
+    times: list[float] = []
+    recoveries: list[str] = []
+
+    def stop(recovery: Any) -> None:
+        recoveries.append(str(recovery))
+        raise _Recovered
+
+    step = memfit.GuardedStep(
+        built.model,
+        int(micro_batches),
+        optimizer=built.optimizer,
+        step_fn=built.step_fn,
+        metrics=built.metrics,
+        on_recovery=stop,
+        verbose=False,
+    )
+    error = None
+    try:
+        for _ in range(int(steps)):
+            started = time.perf_counter()
+            logs = step(data)
+            tf.nest.map_structure(lambda t: t.numpy() if hasattr(t, "numpy") else t, logs)
+            times.append(time.perf_counter() - started)
+            if step.last_peak_bytes is not None:
+                peaks.append(int(step.last_peak_bytes))
     except _Recovered:
         pass
     except MemfitError as exc:  # even one sample per micro-batch ran out of memory

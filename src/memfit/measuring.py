@@ -236,7 +236,7 @@ def measure_workload(
     model = workload.model
     stepped = getattr(workload, "is_step", False)
     if stepped:
-        refuse_for_step(micro_batches=micro_batches, explain=explain)
+        refuse_for_step(explain=explain)
     tfb.require_memory_stats(device)
     recorder = None
     if explain:
@@ -268,7 +268,17 @@ def measure_workload(
     if step_kind == "memfit":
         from memfit.accumulate import AccumulatingStep
 
-        accumulating = AccumulatingStep(model)
+        # A step spec's micro-batches run its own step, as GuardedStep(step_fn=...) does.
+        accumulating = (
+            AccumulatingStep(
+                model,
+                optimizer=workload.optimizer,
+                step_fn=workload.step_fn,
+                metrics=workload.metrics,
+            )
+            if stepped
+            else AccumulatingStep(model)
+        )
 
         def step(data: Any) -> Any:
             accumulating.apply(accumulating.gradients(data, micro_batches))

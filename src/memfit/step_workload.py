@@ -139,6 +139,10 @@ class StepWorkload:
         """The step as training runs it: `tf.function` of `step_fn` (traced on first call)."""
         return self.traced_function()
 
+    def warm_relaxed(self) -> None:
+        """Nothing to trace ahead: each size traces the step anew (`fit_step`), as a task's
+        step may need a static batch size (the Model Garden's Mask R-CNN samplers do)."""
+
     def release_fit_step(self) -> None:
         """Nothing to give back: the model's own train function is never replaced."""
 
@@ -158,18 +162,15 @@ class StepWorkload:
         return result
 
 
-def refuse_for_step(
-    *, micro_batches: int = 1, explain: bool = False, recompute: Any = None
-) -> None:
+def refuse_for_step(*, explain: bool = False, recompute: Any = None) -> None:
     """Refuse, in one line, what a step spec (a Model Garden task) cannot be measured with.
 
     Raises:
-        WorkloadError: micro-batches, `explain` or recompute asked for a step spec.
+        WorkloadError: `explain` or recompute asked for a step spec.
     """
     asked = [
         name
         for name, value in (
-            ("micro_batches", micro_batches > 1),
             ("explain (--explain)", explain),
             ("recompute (--recompute)", recompute),
         )
@@ -178,6 +179,5 @@ def refuse_for_step(
     if asked:
         raise WorkloadError(
             f"{' and '.join(asked)} cannot apply to a step spec (a Model Garden task's "
-            f"train_step): measure the step as it is; train it in micro-batches with "
-            f"memfit.GuardedStep.from_task(task, model, optimizer, micro_batches=K)"
+            f"train_step): measure the step as it is, or in micro-batches (--micro-batches K)"
         )

@@ -119,9 +119,55 @@ def test_bad_input_is_one_line(od_data: str, model: str, extra: list[str], words
     assert words in one_line(proc)
 
 
-def test_batch_refuses_a_task_naming_what_to_use(od_data: str) -> None:
-    line = one_line(run_cli("batch", TASK, *small(od_data), env=env(od_data)))
-    assert "memfit measure" in line and "GuardedStep.from_task" in line
+@pytest.mark.slow
+def test_batch_of_the_tasks_own_step_is_bracketed_and_trains_twenty_steps(od_data: str) -> None:
+    """`memfit batch` on the task: trials of its own `train_step`, a size over the limit next
+    to the answer, and the answer soaked 20 steps in a fresh process under the budget."""
+    proc = run_cli(
+        "batch", TASK, *small(od_data), "--memory", "450MiB", "--max-batch", "32", "--json",
+        env=env(od_data),
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    answer, limit = result["batch_size"], result["limit_bytes"]
+    assert result["stopped_by"] == "bracket" and 1 < answer < 32, result
+    soaks = [t for t in result["trials"] if t["soak"]]
+    assert soaks[-1]["batch_size"] == answer and soaks[-1]["fits"], soaks
+    assert soaks[-1]["steps"] >= 20 and soaks[-1]["peak_bytes"] <= limit
+    over = [t for t in result["trials"] if not t["fits"]]
+    assert over and min(t["batch_size"] for t in over) > answer, result["trials"]
+
+
+@pytest.mark.slow
+def test_plan_of_the_tasks_own_step_splits_the_batch_and_confirms_it(od_data: str) -> None:
+    """`memfit plan` on the task: K measured through its own step at equal splits, the
+    fastest that fits confirmed by 20 steps of `GuardedStep.from_task` in a fresh process.
+
+    Batch 16 runs out of memory whole under 520 MiB; the gradient sums a micro-batched step
+    keeps (ResNet-18 RetinaNet: 20 M parameters) take back much of what a split saves, so
+    the answer is K=4 or K=8.
+    """
+    proc = run_cli(
+        "plan", TASK, *small(od_data), "-b", "16", "--memory", "520MiB", "--json",
+        env=env(od_data),
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    plan = json.loads(proc.stdout)
+    assert plan["fits"] and plan["confirmed"], plan
+    assert plan["micro_batches"] in (4, 8) and plan["precision"] == "task's own", plan
+    assert "20 steps of GuardedStep.from_task" in plan["confirmation"]
+    assert plan["peak_bytes"] <= plan["limit_bytes"]
+    whole = [c for c in plan["candidates"] if c["micro_batches"] == 1]
+    assert whole and not whole[0]["fits"], plan["candidates"]
+    assert all(16 % c["micro_batches"] == 0 for c in plan["candidates"])
+
+
+def test_plan_of_a_task_refuses_precision_in_one_line(od_data: str) -> None:
+    proc = run_cli(
+        "plan", TASK, *small(od_data), "-b", "8", "--memory", "1GiB",
+        "--precision", "mixed_float16", env=env(od_data),
+    )  # fmt: skip
+    assert "runtime.mixed_precision_dtype" in one_line(proc)
 
 
 def test_a_tf_keras_step_fn_in_process_is_measured_and_estimated() -> None:

@@ -61,9 +61,8 @@ def batch(
     if max_batch is not None:
         checked(check_positive_int, max_batch, "max_batch", param_hint="'--max-batch'")
     memory, device, replicas = replica_budget_specs(memory, device, replicas)
-    from memfit.search import REFUSED_TASK, search_workload
+    from memfit.search import search_workload
 
-    workload.refuse_task("memfit batch", REFUSED_TASK)
     budget = apply_budget(memory, device) or Budget.from_device()
 
     with err.status("Loading model", spinner="dots") as status:

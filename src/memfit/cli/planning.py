@@ -69,6 +69,9 @@ def plan(
     budget, the fastest that fits wins, and it must train 20 steps of memfit.fit in a fresh
     process without a recovery. Precision and recompute are planned for factories and
     built-ins, which memfit can rebuild; for a .keras file only the number of micro-batches.
+    A Model Garden task (garden:EXPERIMENT) is planned through its own train_step: K alone
+    (each splitting the batch equally), measured, and confirmed by 20 steps of
+    GuardedStep.from_task.
     With --replicas N (or one budget per replica: --device T4,L4) --batch-size is the global
     batch: the plan is each replica's K and micro-batch, under the tightest budget less the
     gradient all-reduce's buffer.

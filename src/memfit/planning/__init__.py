@@ -29,7 +29,7 @@ from typing import Any
 from memfit.budget import Budget, as_budgets, emulated_budget, tightest_index
 from memfit.checks import DEFAULT_MARGIN, check_batch_size, check_margin, check_positive_int
 from memfit.errors import MemfitError
-from memfit.planning.candidates import Candidate, Plan
+from memfit.planning.candidates import TASK_PRECISION, Candidate, Plan
 from memfit.planning.planner import Planner
 from memfit.planning.strategy import (
     MAX_CONFIRMATIONS,
@@ -37,6 +37,7 @@ from memfit.planning.strategy import (
     NEAR_LIMIT,
     PRECISIONS,
     REMAT_MODES,
+    dividing_k_values,
     limit_bytes,
 )
 from memfit.planning.trials import CONFIRM_OOM_GRACE
@@ -92,6 +93,8 @@ def plan(
     progress: Progress = None,
     replicas: int | None = None,
     strategy: Any = None,
+    overrides: Sequence[str] = (),
+    params: Sequence[str] = (),
 ) -> Plan:
     """Plan K (micro-batches), precision and recompute for a target effective batch.
 
@@ -146,6 +149,9 @@ def plan(
         replicas: data-parallel replicas sharing `batch_size` (default 1, or the strategy's,
             or one per budget given); `batch_size` must be divisible by it.
         strategy: a `tf.distribute` strategy whose `num_replicas_in_sync` gives `replicas`.
+        overrides: for a Model Garden task (`model="garden:EXPERIMENT"`), `key.path=value`
+            strings applied to its experiment config (`task.model.input_size=[128,128,3]`).
+        params: for a Model Garden task, YAML/JSON files or texts applied to its config first.
 
     Returns:
         A `Plan`; build the model in `plan.build_scope()` and pass the plan to
@@ -176,12 +182,6 @@ def plan(
     )
 
 
-REFUSED_TASK = (
-    "measure micro-batch sizes with memfit measure MODEL --batch-size 2,4,8, then train with "
-    "memfit.GuardedStep.from_task(task, model, optimizer, micro_batches=K)"
-)
-
-
 def plan_workload(
     workload: WorkloadSpec,
     batch_size: int,
@@ -210,7 +210,6 @@ def plan_workload(
     Returns:
         A `Plan`.
     """
-    workload.refuse_task("memfit plan", REFUSED_TASK)
     # Batches are made of the dataset's largest samples, so the answer holds for all.
     workload = dataclasses.replace(workload, worst_case=workload.data is not None)
     from memfit.isolate import child_spec
@@ -230,7 +229,19 @@ def plan_workload(
     workload.check_named()
     rebuildable = workload.rebuildable if model is None else False
     note = ""
-    if not rebuildable:
+    if workload.is_task:
+        if precisions not in (None, ()) or remat_modes not in (None, ()):
+            raise MemfitError(
+                "a Model Garden task trains at its config's precision, without memfit's "
+                "recompute: plan K alone (no --precision, --remat), and set "
+                "runtime.mixed_precision_dtype with --set to plan another precision"
+            )
+        precisions, remat_modes = [TASK_PRECISION], [None]
+        note = (
+            "Only K was planned, measured through the task's own train_step "
+            "(GuardedStep.from_task): its precision is its config's"
+        )
+    elif not rebuildable:
         if precisions not in (None, ("float32",), ["float32"]) or remat_modes not in (
             None,
             (None,),
@@ -257,6 +268,10 @@ def plan_workload(
             child_spec(workload, model, tmp),
             repeats=repeats,
             on_candidate=on_candidate,
+            # A task's step is measured, not estimated, at K that split it equally.
+            ks=dividing_k_values(per_replica) if workload.is_task else None,
+            estimable=not workload.is_task,
+            trainer="GuardedStep.from_task" if workload.is_task else "memfit.fit",
         )
         chosen, how = planner.run(configs, confirm_steps if confirm else 0)
     notes = [n for n in (note, planner.skipped_note()) if n]

@@ -18,6 +18,10 @@ from memfit.planning.strategy import limit_bytes
 from memfit.serialize import json_dict
 from memfit.sizes import format_size
 
+# The precision of a plan for a Model Garden task: its config's
+# (`runtime.mixed_precision_dtype`), which the planner leaves as it is.
+TASK_PRECISION = "task's own"
+
 
 @dataclass
 class Candidate:
@@ -141,7 +145,8 @@ class Plan:
 
         keras = tfb.import_keras()
         previous = keras.mixed_precision.dtype_policy()
-        keras.mixed_precision.set_dtype_policy(self.precision)
+        if self.precision != TASK_PRECISION:
+            keras.mixed_precision.set_dtype_policy(self.precision)
         try:
             from memfit.recomputation import remat_scope
 
@@ -195,7 +200,8 @@ class Plan:
                 f"all-reduce)"
             )
         text = (
-            f"batch {self.batch_size}: {split}, {self.precision}"
+            f"batch {self.batch_size}: {split}, "
+            + ("the task's own precision" if self.precision == TASK_PRECISION else self.precision)
             + (f", remat {self.remat}" if self.remat else "")
             + f" — peak {format_size(self.peak_bytes)} of "
             f"{format_size(self.budget.usable_bytes)}, {self.step_seconds:.3f} s per batch"

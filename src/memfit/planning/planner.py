@@ -45,8 +45,15 @@ class Planner:
         workload: WorkloadSpec,
         repeats: int,
         on_candidate: Callable[[Candidate], None] | None,
+        *,
+        ks: list[int] | None = None,
+        estimable: bool = True,
+        trainer: str = "memfit.fit",
     ) -> None:
         self.batch_size, self.budget, self.limit = batch_size, budget, limit
+        # A step the estimate cannot trace at K (a Model Garden task's) is planned from
+        # measurements alone; `trainer` is what the confirmation trains with.
+        self.estimable, self.trainer = estimable, trainer
         self.trials = PlanTrials(batch_size, budget, limit, workload, repeats)
         self.on_candidate = on_candidate or (lambda _c: None)
         self.candidates: list[Candidate] = []
@@ -54,15 +61,17 @@ class Planner:
         self.skipped: list[Config] = []
         # The estimate's resident bytes (weights, optimizer state, batch) per configuration.
         self.resident: dict[Config, int] = {}
-        self.ks = strategy.k_values(batch_size)
+        self.ks = ks or strategy.k_values(batch_size)
 
     # -- the flow ---------------------------------------------------------------------------
     def run(self, configs: list[Config], confirm_steps: int) -> tuple[Candidate | None, str]:
         """Estimate, measure the finalists, confirm; the chosen candidate and how it held."""
-        try:
-            finalists = self.estimate(configs)
-        except MeasurementError:
-            finalists = None  # the estimator process died: plan from measurements alone
+        finalists = None
+        if self.estimable:
+            try:
+                finalists = self.estimate(configs)
+            except MeasurementError:
+                finalists = None  # the estimator process died: plan from measurements alone
         if finalists is None or not any(c.predicted_peak_bytes for c in self.candidates):
             finalists = self.measured_walk(configs)
             measured = True
@@ -95,8 +104,8 @@ class Planner:
             candidate = queue.pop(0)
             if self.confirm(candidate, steps):
                 how = (
-                    f"confirmed: trained {steps} steps of memfit.fit in a fresh process without "
-                    f"a recovery, peak {format_size(candidate.peak_bytes)}"
+                    f"confirmed: trained {steps} steps of {self.trainer} in a fresh process "
+                    f"without a recovery, peak {format_size(candidate.peak_bytes)}"
                 )
                 if failed:
                     how += f" (after {'; '.join(failed)})"
@@ -118,7 +127,7 @@ class Planner:
         if not failed:
             return None, ""  # nothing fitted to confirm
         return None, (
-            f"no configuration trained {steps} steps of memfit.fit without a recovery: "
+            f"no configuration trained {steps} steps of {self.trainer} without a recovery: "
             + "; ".join(failed)
         )
 

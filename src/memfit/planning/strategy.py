@@ -63,6 +63,17 @@ def k_values(batch_size: int) -> list[int]:
     return [*values, batch_size]
 
 
+def dividing_k_values(batch_size: int) -> list[int]:
+    """The K that split the batch into equal micro-batches: for steps that need a static
+    batch size (the Model Garden's Mask R-CNN samplers), which an unequal split breaks.
+
+    Example:
+        >>> dividing_k_values(12)
+        [1, 2, 3, 4, 6, 12]
+    """
+    return [k for k in range(1, batch_size + 1) if batch_size % k == 0]
+
+
 def limit_bytes(usable_bytes: int, margin: float) -> int:
     """The most a fitting peak may reach: the budget less the margin (`margin` a share)."""
     return int(usable_bytes * (1 - margin))

@@ -17,7 +17,7 @@ from typing import Any
 
 from memfit.budget import Budget
 from memfit.errors import MeasurementError, MemfitError
-from memfit.planning.candidates import Candidate
+from memfit.planning.candidates import TASK_PRECISION, Candidate
 from memfit.sizes import format_size
 from memfit.workload_spec import WorkloadSpec
 
@@ -26,8 +26,9 @@ CONFIRM_OOM_GRACE = 5.0
 
 
 def _precision_arg(precision: str) -> str | None:
-    """The child's precision argument: None for float32 (the default policy)."""
-    return None if precision == "float32" else precision
+    """The child's precision argument: None for float32 (the default policy) and for a
+    task's own precision (its config's, left as it is)."""
+    return None if precision in ("float32", TASK_PRECISION) else precision
 
 
 class Estimator:

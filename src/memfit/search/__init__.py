@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -241,6 +241,8 @@ def find_batch_size(
     progress: Progress = None,
     replicas: int | None = None,
     strategy: Any = None,
+    overrides: Sequence[str] = (),
+    params: Sequence[str] = (),
 ) -> BatchSearchResult:
     """Find the largest batch size whose training step fits the budget, from measurements.
 
@@ -299,6 +301,9 @@ def find_batch_size(
             largest per-replica batch under the tightest budget less the gradient
             all-reduce's buffer (`memfit.replicas`); `max_batch` is per replica.
         strategy: a `tf.distribute` strategy whose `num_replicas_in_sync` gives `replicas`.
+        overrides: for a Model Garden task (`model="garden:EXPERIMENT"`), `key.path=value`
+            strings applied to its experiment config (`task.model.input_size=[128,128,3]`).
+        params: for a Model Garden task, YAML/JSON files or texts applied to its config first.
 
     Returns:
         A `BatchSearchResult`; `batch_size == 0` when even batch 1 does not fit. With
@@ -331,12 +336,6 @@ def find_batch_size(
     )
 
 
-REFUSED_TASK = (
-    "measure sizes with memfit measure MODEL --batch-size 2,4,8 (each in a fresh process), and "
-    "train with memfit.GuardedStep.from_task, which recovers from OOM"
-)
-
-
 def search_workload(
     workload: WorkloadSpec,
     budget: Budget | str | int | None = None,
@@ -363,7 +362,6 @@ def search_workload(
     Returns:
         A `BatchSearchResult`.
     """
-    workload.refuse_task("memfit batch (find_batch_size)", REFUSED_TASK)
     # Batches are made of the dataset's largest samples, so the answer holds for all.
     workload = dataclasses.replace(workload, worst_case=workload.data is not None)
     margin = check_margin(margin)
