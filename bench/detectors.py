@@ -1,14 +1,14 @@
 """Benchmark: every memfit claim on each detector family, in one run and one table.
 
-For each family (keras-hub RetinaNet, keras-hub D-FINE, kyolo YOLOv8-n, TF Model Garden
-RetinaNet; Mask R-CNN not yet) at a named size under a named emulated budget:
+For each family (keras-hub RetinaNet, keras-hub D-FINE, kyolo YOLOv8-n, the TF Model
+Garden's RetinaNet and Mask R-CNN) at a named size under a named emulated budget:
 
 1. Estimate vs measured: `memfit estimate --json`'s likely peak and high bound against the
    highest of 5 measured steps (`memfit measure --repeats 5 --json`, a fresh process).
-2. Batch: `memfit batch --json`'s answer under the budget, then whether plain `model.fit`
-   trains 20 steps at that size in a fresh process under the same budget (as
-   `bench/batch_search.py` checks). A Model Garden task is refused by `memfit batch`: the
-   table says so, with its one line.
+2. Batch: `memfit batch --json`'s answer under the budget, then whether the family's own
+   training trains 20 steps at that size in a fresh process under the same budget: plain
+   `model.fit` (as `bench/batch_search.py` checks), or the task's own `train_step` in a
+   `tf.function` for a Model Garden task.
 3. Recovery: under the budget, train on batches that fit, then on batches that do not (larger
    images, or a larger batch where the family takes one image size) with `memfit.fit` (Keras
    3) or `memfit.GuardedStep.from_task` (Model Garden): updates kept against batches fed, and
@@ -55,6 +55,7 @@ GARDEN_PYTHON = os.environ.get(
     "MEMFIT_GARDEN_PYTHON", os.path.join(ROOT, ".venv-garden", "bin", "python")
 )  # the Model Garden's environment (`make` creates it)
 GARDEN_TASK = "retinanet_resnetfpn_coco"
+MASK_TASK = "maskrcnn_resnetfpn_coco"
 
 
 @dataclass
@@ -71,7 +72,8 @@ class Family:
         env: environment variables of every child (sizes, data paths).
         recovery: `(image_size, batch_size, batches)` shards fed in order; the last does not
             fit the budget unsplit.
-        garden: a Model Garden task (runs in `GARDEN_PYTHON`; `memfit batch` refuses it).
+        garden: a Model Garden task (runs in `GARDEN_PYTHON`).
+        task: the Model Garden experiment (`garden:` name) of a garden family.
     """
 
     key: str
@@ -83,6 +85,7 @@ class Family:
     env: dict[str, str] = field(default_factory=dict)
     recovery: list[tuple[int, int, int]] = field(default_factory=list)
     garden: bool = False
+    task: str = GARDEN_TASK
 
 
 def families(quick: bool, data_dir: str) -> list[Family]:
@@ -98,6 +101,29 @@ def families(quick: bool, data_dir: str) -> list[Family]:
         f"task.model.backbone.resnet.model_id={g_model}",
         f"task.train_data.input_path={data_dir}/train-*",
         "task.train_data.parser.aug_rand_hflip=false",
+    ]
+    mask_sets = [
+        "runtime.mixed_precision_dtype=float32",
+        "task.init_checkpoint=null",
+        f"task.model.input_size=[{g_size},{g_size},3]",
+        "task.model.num_classes=6",
+        "task.model.include_mask=true",
+        f"task.model.backbone.resnet.model_id={g_model}",
+        "task.model.decoder.fpn.num_filters=64",
+        "task.model.rpn_head.num_filters=64",
+        "task.model.detection_head.num_filters=64",
+        "task.model.detection_head.fc_dims=128",
+        "task.model.mask_head.num_filters=64",
+        "task.model.mask_head.num_convs=1",
+        "task.model.roi_sampler.num_sampled_rois=32",
+        "task.model.mask_sampler.num_sampled_masks=8",
+        f"task.train_data.input_path={data_dir}-masks/train-*",
+        "task.train_data.parser.aug_rand_hflip=false",
+        "task.train_data.parser.aug_scale_min=1.0",
+        "task.train_data.parser.aug_scale_max=1.0",
+        "task.train_data.parser.rpn_batch_size_per_im=32",
+        "task.train_data.parser.mask_crop_size=28",
+        "task.train_data.parser.max_num_instances=8",
     ]
     q = quick
     return [
@@ -137,7 +163,7 @@ def families(quick: bool, data_dir: str) -> list[Family]:
             "garden",
             "Model Garden RetinaNet",
             f"ResNet-{g_model} FPN, {g_size} px",
-            "450MiB" if q else "4GiB",
+            "600MiB" if q else "4GiB",
             2 if q else 8,
             [f"garden:{GARDEN_TASK}"] + [a for s in garden_sets for a in ("--set", s)],
             {"TF_CPP_MIN_LOG_LEVEL": "2"},
@@ -145,6 +171,19 @@ def families(quick: bool, data_dir: str) -> list[Family]:
             # larger batch.
             [(g_size, 4, 2), (g_size, 24, 2)],
             garden=True,
+        ),
+        Family(
+            "maskrcnn",
+            "Model Garden Mask R-CNN",
+            f"ResNet-{g_model} FPN, {g_size} px, 64-filter heads, 32 ROIs, 8 masks",
+            "600MiB" if q else "6GiB",
+            2 if q else 4,
+            [f"garden:{MASK_TASK}"] + [a for s in mask_sets for a in ("--set", s)],
+            {"TF_CPP_MIN_LOG_LEVEL": "2"},
+            # Its samplers need a static batch: the larger batch splits into equal halves.
+            [(g_size, 2, 2), (g_size, 16, 2)],
+            garden=True,
+            task=MASK_TASK,
         ),
     ]
 
@@ -238,13 +277,13 @@ def keras_step_time_child(key: str, size: int, batch: int, warmup: int, steps: i
     return _interleave(lambda: _train_once(model, x, y), lambda: guarded((x, y)), warmup, steps)
 
 
-def _garden_task(overrides: list[str]) -> Any:
+def _garden_task(overrides: list[str], task: str = GARDEN_TASK) -> Any:
     import tf_keras
 
     from memfit.backend.tf_garden import build_task
 
     tf_keras.utils.set_random_seed(0)
-    return build_task(GARDEN_TASK, overrides)
+    return build_task(task, overrides)
 
 
 def _garden_batches(built: Any, batch: int, batches: int) -> list[Any]:
@@ -256,12 +295,12 @@ def _garden_batches(built: Any, batch: int, batches: int) -> list[Any]:
 
 
 def garden_recovery_child(
-    overrides: list[str], shards: list[list[int]], weights_path: str
+    overrides: list[str], shards: list[list[int]], weights_path: str, task: str = GARDEN_TASK
 ) -> dict[str, Any]:
     """`GuardedStep.from_task` over the shards' batches; the final weights saved to a file."""
     import memfit
 
-    built = _garden_task(overrides)
+    built = _garden_task(overrides, task)
     step = memfit.GuardedStep.from_task(built.task, built.model, built.optimizer, verbose=False)
     fed = 0
     for _, batch, batches in shards:
@@ -278,13 +317,40 @@ def garden_recovery_child(
     }
 
 
-def garden_step_time_child(overrides: list[str], batch: int, warmup: int, steps: int) -> dict:
+def garden_fit_steps_child(
+    overrides: list[str], batch_size: int, steps: int, task: str = GARDEN_TASK
+) -> dict[str, Any]:
+    """`steps` steps of the task's own `train_step` (`tf.function`, as the Model Garden's
+    trainer runs it) at `batch_size`, each on a new batch of its inputs: whether one ran out
+    of memory."""
+    import copy
+
+    import tensorflow as tf
+
+    built = _garden_task(overrides, task)
+    config = copy.deepcopy(built.config.task.train_data)
+    config.global_batch_size = int(batch_size)
+    step = tf.function(built.step_fn)
+    done = 0
+    try:
+        for data in built.task.build_inputs(config).take(steps):
+            logs = step(data, built.optimizer)
+            tf.nest.map_structure(lambda t: t.numpy() if hasattr(t, "numpy") else t, logs)
+            done += 1
+    except tf.errors.ResourceExhaustedError as exc:
+        return {"oom": True, "steps": done, "message": str(exc).strip().splitlines()[0][:200]}
+    return {"oom": False, "steps": done}
+
+
+def garden_step_time_child(
+    overrides: list[str], batch: int, warmup: int, steps: int, task: str = GARDEN_TASK
+) -> dict:
     """The task's own `train_step` (`tf.function`) against `GuardedStep.from_task`, K=1."""
     import tensorflow as tf
 
     import memfit
 
-    built = _garden_task(overrides)
+    built = _garden_task(overrides, task)
     data = _garden_batches(built, batch, 1)[0]
     plain = tf.function(built.step_fn)
     guarded = memfit.GuardedStep.from_task(
@@ -401,7 +467,22 @@ def batch_and_fit(family: Family) -> dict[str, Any]:
         return {"refused": error}
     size = int(found["batch_size"])
     out: dict[str, Any] = {"batch_size": size, "stopped_by": found.get("stopped_by")}
+    if size < 1:
+        return out
     if family.garden:
+        check = _child(
+            family,
+            "bench.detectors:garden_fit_steps_child",
+            {
+                "overrides": _overrides(family),
+                "batch_size": size,
+                "steps": FIT_CHECK_STEPS,
+                "task": family.task,
+            },
+            family.budget,
+        )
+        out["fit_oom"] = bool(check.get("oom") or check.get("hung_after_oom"))
+        out["fit_steps"] = check.get("steps")
         return out
     spec, data = family.cli[0], family.cli[2]
     try:
@@ -434,7 +515,11 @@ def recovery(family: Family, tmp: str) -> dict[str, Any]:
     runs = {}
     for name, budget in (("tight", family.budget), ("roomy", ROOMY)):
         path = os.path.join(tmp, f"{family.key}-{name}.npz")
-        first = {"overrides": _overrides(family)} if family.garden else {"key": family.key}
+        first = (
+            {"overrides": _overrides(family), "task": family.task}
+            if family.garden
+            else {"key": family.key}
+        )
         runs[name] = _child(
             family, function, {**first, "shards": shards, "weights_path": path}, budget
         )
@@ -464,7 +549,7 @@ def step_time(family: Family, warmup: int, steps: int) -> dict[str, Any]:
     size, batch, _ = family.recovery[0]
     if family.garden:
         function = "bench.detectors:garden_step_time_child"
-        kwargs: dict[str, Any] = {"overrides": _overrides(family)}
+        kwargs: dict[str, Any] = {"overrides": _overrides(family), "task": family.task}
     else:
         function = "bench.detectors:keras_step_time_child"
         kwargs = {"key": family.key, "size": size}
@@ -483,10 +568,14 @@ def step_time(family: Family, warmup: int, steps: int) -> dict[str, Any]:
 
 
 def _write_garden_data(directory: str, size: int) -> None:
+    """OD-API records for the Model Garden families: boxes in `directory`, the same with
+    instance masks (Mask R-CNN's) in `directory-masks`."""
     code = (
         "from memfit.data.synth import write_dataset\n"
         f"write_dataset({directory!r}, count=64, shards=1, image_size=({size}, {size}), "
         "num_classes=5)\n"
+        f"write_dataset({directory + '-masks'!r}, count=64, shards=1, "
+        f"image_size=({size}, {size}), num_classes=5, masks=True)\n"
     )
     subprocess.run([GARDEN_PYTHON, "-c", code], env={**os.environ, "PYTHONPATH": SRC}, check=True)
 
@@ -534,7 +623,7 @@ def table(report: dict[str, Any]) -> Table:
         if rec:
             recov = (
                 f"{rec['updates']}/{rec['fed']} ({rec['recoveries']} OOM recovered), "
-                f"{rec['relative_difference']:.1e}"
+                f"{rec['relative_difference']:.1e}, {r.get('recovery_seconds', 0) / 60:.1f} min"
             )
         else:
             recov = f"failed: {r.get('recovery_error', '-')}"
@@ -550,7 +639,9 @@ def table(report: dict[str, Any]) -> Table:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="the smallest sizes (64-128 px)")
-    parser.add_argument("--only", help="comma-separated family keys (retinanet,dfine,yolo,garden)")
+    parser.add_argument(
+        "--only", help="comma-separated family keys (retinanet,dfine,yolo,garden,maskrcnn)"
+    )
     parser.add_argument("--steps", type=int, default=5, help="timed steps after 2 of warm-up")
     parser.add_argument("--out", metavar="PATH", help="write the results here as JSON")
     args = parser.parse_args(argv)
@@ -594,13 +685,6 @@ def main(argv: list[str] | None = None) -> int:
             if args.out:
                 with open(args.out, "w") as handle:
                     json.dump(report, handle, indent=2, default=str)
-    report["families"].append(
-        {
-            "title": "Model Garden Mask R-CNN",
-            "size": "-",
-            "not_measured": "not in this benchmark yet (tests/garden/test_garden_maskrcnn.py)",
-        }
-    )
     report["seconds"] = time.perf_counter() - started
     Console().print(table(report))
     if args.out:
