@@ -256,7 +256,6 @@ def confirm_plan(
         `peaks_bytes`, `step_seconds` (median after the first step), `error` (why training
         stopped, when `memfit.fit` gave up).
     """
-    import statistics
     import time
 
     import memfit
@@ -309,6 +308,15 @@ def confirm_plan(
         pass
     except MemfitError as exc:  # even one sample per micro-batch ran out of memory
         error = str(exc)
+    return _confirmation(times, peaks, recoveries, error, device)
+
+
+def _confirmation(
+    times: list[float], peaks: list[int], recoveries: list[str], error: str | None, device: str
+) -> dict[str, Any]:
+    """What a confirmation run reports (see `confirm_plan`)."""
+    import statistics
+
     return {
         "steps_done": len(times),
         "recoveries": recoveries,
@@ -325,7 +333,6 @@ def _confirm_task_plan(
 ) -> dict[str, Any]:
     """`confirm_plan` for a Model Garden task: `steps` calls of `GuardedStep.from_task` at K
     on one batch of the task's inputs, stopped at the first recovery."""
-    import statistics
     import time
 
     import memfit
@@ -366,15 +373,7 @@ def _confirm_task_plan(
         pass
     except MemfitError as exc:  # even one sample per micro-batch ran out of memory
         error = str(exc)
-    return {
-        "steps_done": len(times),
-        "recoveries": recoveries,
-        "peak_bytes": max(peaks) if peaks else None,
-        "peaks_bytes": peaks,
-        "step_seconds": statistics.median(times[1:]) if len(times) > 1 else None,
-        "error": error,
-        "device": device,
-    }
+    return _confirmation(times, peaks, recoveries, error, device)
 
 
 # Where the call being answered writes its result. `main` runs as `__main__` and fills the
