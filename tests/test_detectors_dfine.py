@@ -106,23 +106,25 @@ def test_fit_recovers_from_a_batch_too_large_and_the_report_shows_it(tmp_path) -
 
 @pytest.mark.slow
 def test_batch_and_plan_under_an_emulated_card() -> None:
-    """`memfit batch` brackets D-FINE's largest batch; `memfit plan` reaches 64 in micro-batches.
+    """`memfit batch` brackets D-FINE's largest batch; `memfit plan` reaches 32 in micro-batches.
 
-    At 64 px under 100 MiB the trials answer 40 (19 trials, 84 s on 2 cores) and the plan is
-    2 micro-batches of 32 (105 s). The soak (20 steps of `model.fit` in fresh processes) is
-    left out here (`--soak-steps 0`; the YOLO tests soak): D-FINE's trace makes each soak
-    process a minute or more. At 128 px the same test took over 10 minutes.
+    One inter-op thread (TensorFlow's variable, seen by the trials and the estimate alike):
+    at 64 px the stem's two 27 MiB im2col buffers otherwise overlap in some steps and not in
+    others, and the search chases that noise. The soak (20 steps of `model.fit` in fresh
+    processes) is left out here (`--soak-steps 0`; the YOLO tests soak): D-FINE's trace makes
+    each soak process a minute or more.
     """
+    env = {**ENV, "TF_NUM_INTEROP_THREADS": "1"}
     found = _json(
-        run_cli("batch", *MODEL, "--memory", "100MiB", "--soak-steps", "0", "--json", env=ENV)
+        run_cli("batch", *MODEL, "--memory", "64MiB", "--soak-steps", "0", "--json", env=env)
     )
     assert found["stopped_by"] == "bracket", found
-    assert 8 <= found["batch_size"] < 64
+    assert 4 <= found["batch_size"] < 32
     plan = _json(
         run_cli(
-            "plan", *MODEL, "-b", "64", "--memory", "100MiB", "--precision", "float32",
-            "--remat", "none", "--no-confirm", "--json", env=ENV,
+            "plan", *MODEL, "-b", "32", "--memory", "64MiB", "--precision", "float32",
+            "--remat", "none", "--no-confirm", "--json", env=env,
         )
     )
-    assert plan["micro_batch_size"] * plan["accumulation_steps"] == 64, plan
+    assert plan["micro_batch_size"] * plan["accumulation_steps"] == 32, plan
     assert plan["accumulation_steps"] >= 2
