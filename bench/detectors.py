@@ -141,13 +141,13 @@ def families(quick: bool, data_dir: str) -> list[Family]:
             "dfine",
             "keras-hub D-FINE",
             f"HGNetV2-tiny, {d_size} px, {d_queries} queries",
-            "300MiB" if q else "3GiB",
+            "100MiB" if q else "3GiB",
             4 if q else 8,
             ["mypkg.detectors:dfine", "--data", "mypkg.detectors:dfine_data"],
             {"DFINE_SIZE": str(d_size), "DFINE_QUERIES": str(d_queries)},
             # One image size per model (fixed anchors): the shard that does not fit is a
             # larger batch.
-            [(d_size, 4, 2), (d_size, 32, 2)],
+            [(d_size, 4, 2), (d_size, 64, 2)],
         ),
         Family(
             "yolo",
