@@ -308,21 +308,6 @@ class WorkloadSpec:
             worst_case=self.worst_case,
         )
 
-    def refuse_task(self, command: str, instead: str) -> None:
-        """Refuse, in one line, a command that does not take a Model Garden task yet.
-
-        Args:
-            command: the command or function refused (`"memfit batch"`).
-            instead: what to use for the task instead.
-
-        Raises:
-            WorkloadError: the spec is a task.
-        """
-        if self.is_task:
-            raise WorkloadError(
-                f"{command} does not take a Model Garden task ({self.model}) yet: {instead}"
-            )
-
     def task_workload(self) -> Any:
         """The `StepWorkload` of a Model Garden task: its model, optimizer, `train_step` and
         a batch of its `build_inputs` (see `memfit.backend.tf_garden`).
