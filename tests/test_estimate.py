@@ -47,7 +47,14 @@ update_reads_gradient = any(
     and any(t.startswith("gradient_tape/") for t in op.inputs)
     for op in graph.ops
 )
+from memfit.estimation import largest_batch
+room = 3 * e8.peak_bytes
+largest = largest_batch(model, 64, room)
+default = largest_batch(model, 8, samples=0)  # the emulated card's budget
 emit({
+    "largest": largest.to_dict(), "largest_room": room,
+    "largest_too_small": largest_batch(model, 8, 4096, samples=0),
+    "largest_default": default.to_dict(),
     "identity_n_left": [op.name for op in graph.ops if op.type == "IdentityN"],
     "update_reads_gradient": update_reads_gradient,
     "e8": e8.to_dict(), "e16": e16.to_dict(), "e32": e32.to_dict(),
@@ -340,6 +347,16 @@ def test_grouped_convolution_gradients_hold_the_dense_filter_twice():
 
 def test_estimate_allocates_none_of_the_steps_tensors(results):
     assert results["used_during_estimate"] < 0.1 * results["e8"]["peak_bytes"]
+
+
+def test_largest_batch_fits_the_budget_from_one_trace(results):
+    largest, room = results["largest"], results["largest_room"]
+    # Three times batch 8's peak holds far more than 8 samples, not the 64 traced.
+    assert 8 < largest["batch_size"] < 64
+    assert largest["high_bytes"] <= room and largest["budget"]["usable_bytes"] == room
+    assert largest["peak_bytes"] >= results["e8"]["peak_bytes"]
+    assert results["largest_too_small"] is None
+    assert results["largest_default"]["budget"]["usable_bytes"] == 2 * 2**30
 
 
 def test_estimate_is_close_to_the_measured_peak(results):

@@ -345,6 +345,24 @@ def test_oom_causes_batch_growth_budget_first_step_and_the_edge() -> None:
     assert first.cause == "first_step" and "never fitted" in first.text
     assert "memfit batch" in first.fix
 
+    def first_estimated(**estimated: object) -> object:
+        return diagnose_oom(
+            [], input_shape=[16, 512, 512, 3], batch_size=16, budget_bytes=700 * MIB,
+            estimated=estimated,
+        )
+
+    fits = first_estimated(estimated_batch_size=5, estimated_high_bytes=600 * MIB)
+    assert "by the estimate, batch 5 fits" in fits.text
+    assert "train at batch_size=5" in fits.fix and "micro_batches=4" in fits.fix
+    assert fits.evidence["largest_batch_size"] == 5
+    none = first_estimated(estimated_batch_size=0, estimated_high_bytes=None)
+    assert "not even one sample" in none.text and "batch_size=" not in none.fix
+    # The estimate says the failing batch fits: no number, the device had less room.
+    odd = first_estimated(estimated_batch_size=16, estimated_high_bytes=650 * MIB)
+    assert "less free memory" in odd.text and "largest_batch_size" not in odd.evidence
+    failed = first_estimated(estimate_error="WorkloadError: x")
+    assert "memfit batch" in failed.fix and failed.evidence["estimate_error"]
+
     edge = diagnose_oom(
         records, input_shape=[16, 128, 128, 3], batch_size=16, budget_bytes=420 * MIB
     )

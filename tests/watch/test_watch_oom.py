@@ -79,6 +79,27 @@ run("guarded", batches([(16, 64, 8), (16, 160, 2)]), guarded=True)
 emit(result)
 """
 
+FIRST_STEP = MODEL + r"""
+result = {}
+for name, guarded in (("plain", False), ("guarded", True)):
+    w = memfit.Watch(verbose=False)
+    m = net()
+    outcome = "completed"
+    try:
+        if guarded:
+            memfit.fit(m, batches([(128, 96, 3)]), epochs=1, verbose=0, callbacks=[w])
+        else:
+            m.fit(batches([(128, 96, 3)]), epochs=1, verbose=0, callbacks=[w])
+    except tf.errors.ResourceExhaustedError:
+        outcome = "oom"
+    result[name] = {"outcome": outcome, "findings": [f.to_dict() for f in w.findings]}
+    del m, w
+    keras.backend.clear_session()
+    gc.collect()
+emit(result)
+"""
+FIRST_BUDGET = {**BUDGET, "MEMFIT_MEMORY": "400MiB"}
+
 TRAINS = MODEL + r"""
 m = net()
 m.fit(batches([({batch}, {side}, 4)]), epochs=1, verbose=0)
@@ -97,9 +118,10 @@ def _oom(run: dict) -> dict:
     return found[0]
 
 
-def _trains(batch: int, side: int) -> bool:
+def _trains(batch: int, side: int, env: dict | None = None) -> bool:
+    code = TRAINS.format(batch=batch, side=side)
     try:
-        return run_isolated(TRAINS.format(batch=batch, side=side), env=BUDGET) == "trained"
+        return run_isolated(code, env=env or BUDGET) == "trained"
     except AssertionError as error:
         if "ResourceExhaustedError" in str(error):
             return False
@@ -159,3 +181,31 @@ def test_memfit_fit_recovery_names_the_shape_and_the_k_to_start_with(failures: d
     assert recovery["evidence"]["cause"] == "input_shape"
     assert "6.25x the pixels" in recovery["cause"]
     assert "nothing is lost" in recovery["fix"] and "micro_batches=" in recovery["fix"]
+
+
+@pytest.fixture(scope="module")
+def first_step() -> dict:
+    return run_isolated(FIRST_STEP, env=FIRST_BUDGET, timeout=600)
+
+
+@pytest.mark.slow
+def test_a_first_step_oom_names_a_batch_from_the_estimate_that_trains(first_step: dict) -> None:
+    oom = _oom(first_step["plain"])
+    evidence = oom["evidence"]
+    assert evidence["cause"] == "first_step" and "never fitted" in oom["cause"]
+    largest = evidence["largest_batch_size"]
+    assert largest == evidence["estimated_batch_size"] and 8 <= largest < 128, evidence
+    assert f"train at batch_size={largest}" in oom["fix"]
+    assert f"micro_batches={evidence['micro_batches']}" in oom["fix"]
+    assert evidence["estimated_high_bytes"] <= evidence["budget_bytes"]
+    assert _trains(largest, 96, FIRST_BUDGET), f"the estimated batch {largest} did not train"
+
+
+@pytest.mark.slow
+def test_a_first_step_recovery_names_the_k_that_fitted(first_step: dict) -> None:
+    run = first_step["guarded"]
+    assert run["outcome"] == "completed", run
+    recoveries = [f for f in run["findings"] if f["kind"] == "oom_recovery"]
+    fitted = recoveries[-1]["evidence"]["new_micro_batches"]
+    assert fitted >= 2 and f"micro_batches={fitted}" in recoveries[0]["fix"], recoveries
+    assert "which fit" in recoveries[0]["fix"] and "even one sample" not in recoveries[0]["fix"]

@@ -24,7 +24,13 @@ from memfit.watch.fit_checks import FitChecks, Thresholds
 from memfit.watch.header import estimate_peak_bytes, is_tf_keras, run_header
 from memfit.watch.input_timing import first_input_shape, oom_of, timed_train_function
 from memfit.watch.log import LogWriter, number, summarize
-from memfit.watch.oom_findings import budget_left, oom_finding, others_on_gpu, recovery_finding
+from memfit.watch.oom_findings import (
+    budget_left,
+    estimated_fit,
+    oom_finding,
+    others_on_gpu,
+    recovery_finding,
+)
 from memfit.watch.sampling import memory_sample, trace_count
 from memfit.watch.step_losses import StepLosses
 from memfit.watch.tensorboard import write_scalars
@@ -114,6 +120,10 @@ class Watch(keras.callbacks.Callback):
             that stays up.
         plateau_steps: `divergence` (plateau) when after this many steps the loss has not
             fallen below 97% of where it started.
+        oom_estimate: when the first step runs out of memory (no step before to scale
+            from), estimate the largest batch that fits for the `oom` finding's fix
+            (`memfit.estimation.largest_batch`: a trace and replay of the step, seconds to a
+            minute, after the fit has ended; nothing is allocated).
 
     Attributes:
         findings: every `WatchFinding` so far, over all fits (each with its fit's `run`).
@@ -152,6 +162,7 @@ class Watch(keras.callbacks.Callback):
         growth_fraction: float = Thresholds.growth_fraction,
         spike_factor: float = Thresholds.spike_factor,
         plateau_steps: int = Thresholds.plateau_steps,
+        oom_estimate: bool = True,
     ) -> None:
         super().__init__()
         if config is not None and not isinstance(config, dict):
@@ -170,6 +181,7 @@ class Watch(keras.callbacks.Callback):
         self.estimate_bytes = estimate_peak_bytes(estimate)
         self.verbose = verbose
         self.measure_input = measure_input
+        self.oom_estimate = oom_estimate
         self.thresholds = Thresholds(
             warmup_steps=max(0, int(warmup_steps)),
             headroom=float(headroom),
@@ -423,21 +435,40 @@ class Watch(keras.callbacks.Callback):
                 step,
                 budget_bytes=self._budget_bytes,
                 start_budget_bytes=self._start_budget_bytes,
+                fitted_micro_batches=recoveries[-1].new_micro_batches,
             )
             self._report(finding, once=False, quiet=bool(getattr(self._guarded, "verbose", False)))
         self._recoveries_seen = len(recoveries)
 
     def _on_oom(self, exc: BaseException, data: Any) -> None:
         info = tfb.memory_info(self._device) if self._stats else None
+        shape = first_input_shape(data)
+        budget = budget_left(self._budget_bytes, self._device, self._others_at_start)
+        estimated = None
+        if (
+            self.oom_estimate
+            and not self.steps
+            and self._guarded is None
+            and budget
+            and shape
+            and isinstance(shape[0], int)
+            and not is_tf_keras(self.model)
+        ):
+            with self._console.working(
+                "the first step ran out of memory: estimating the largest batch that fits",
+                self.verbose,
+            ) as show:
+                estimated = estimated_fit(self.model, data, shape[0], budget, show)
         finding = oom_finding(
             exc,
             self.steps,
             self._global,
-            input_shape=first_input_shape(data),
-            budget_bytes=budget_left(self._budget_bytes, self._device, self._others_at_start),
+            input_shape=shape,
+            budget_bytes=budget,
             start_budget_bytes=self._start_budget_bytes,
             guarded=self._guarded is not None,
             peak_bytes=info["peak"] if info else None,
+            estimated=estimated,
         )
         self._report(finding)
         self._flush(final=True)

@@ -13,7 +13,9 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+import time
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from memfit.sizes import format_size
@@ -32,6 +34,28 @@ class WatchConsole:
 
             self._console = Console(stderr=True, highlight=False)
         return self._console
+
+    @contextlib.contextmanager
+    def working(self, title: str, show: bool = True) -> Iterator[Callable[[str], None]]:
+        """Say what runs meanwhile: a spinner on a terminal, else the title on one line.
+
+        Yields a function that takes the current phase's text. Nothing is printed when not
+        `show`.
+        """
+        if not show:
+            yield lambda _text: None
+            return
+        from rich.markup import escape
+
+        out = self._out()
+        started = time.monotonic()
+        out.print(f"memfit watch: {escape(title)} ...")
+        if not (out.is_terminal or out.is_jupyter):
+            yield lambda _text: None
+        else:
+            with out.status(escape(title), spinner="dots") as status:
+                yield lambda text: status.update(f"{escape(title)}: {escape(text)}")
+        out.print(f"memfit watch: done in {time.monotonic() - started:.0f} s")
 
     def finding(self, finding: WatchFinding) -> None:
         """Print one finding: kind, step, what was seen, cause, fix."""

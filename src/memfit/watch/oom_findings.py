@@ -13,12 +13,15 @@ Example:
 
 from __future__ import annotations
 
+import math
 import os
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import memfit.watch.detectors as detectors
 from memfit.backend import tf as tfb
+from memfit.errors import one_line
 from memfit.watch.findings import WatchFinding
 
 
@@ -54,6 +57,50 @@ def budget_left(budget_bytes: int | None, device: str, others_at_start: int | No
     return budget_bytes
 
 
+def estimated_fit(
+    model: Any,
+    batch: Any,
+    batch_size: int,
+    budget_bytes: int,
+    on_progress: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """The largest batch that fits, estimated, for a step that ran out of memory at once.
+
+    With no step before to scale from, the number comes from `memfit.estimate`'s trace of
+    the model's step at the failing batch (`memfit.estimation.largest_batch`: its high bound
+    against the budget). Nothing is allocated and the model is left as it was.
+
+    Args:
+        model: the compiled Keras model whose step ran out of memory.
+        batch: the failing batch, as Keras' iterator gave it (its samples give the shapes
+            and targets the estimate traces with).
+        batch_size: its batch size.
+        budget_bytes: the budget to fit.
+        on_progress: called with a short text at each phase.
+
+    Returns:
+        `{"estimated_batch_size", "estimated_high_bytes", "estimate_seconds"}` (the size 0
+        when one sample does not fit), or `{"estimate_error": "..."}` when the step cannot
+        be estimated.
+    """
+    import tensorflow as tf  # heavy, and loaded already: the step that failed ran in it
+
+    from memfit.estimation import largest_batch
+
+    started = time.perf_counter()
+    try:
+        samples = tuple(batch) if isinstance(batch, list) else batch
+        data = tf.data.Dataset.from_tensor_slices(samples)
+        est = largest_batch(model, batch_size, budget_bytes, data=data, on_progress=on_progress)
+    except Exception as exc:  # noqa: BLE001 - no number, then: the finding says why
+        return {"estimate_error": one_line(exc)[:300]}
+    return {
+        "estimated_batch_size": est.batch_size if est is not None else 0,
+        "estimated_high_bytes": est.high_bytes if est is not None else None,
+        "estimate_seconds": round(time.perf_counter() - started, 2),
+    }
+
+
 def oom_finding(
     exc: BaseException,
     steps: Sequence[dict[str, Any]],
@@ -64,6 +111,7 @@ def oom_finding(
     start_budget_bytes: int | None,
     guarded: bool,
     peak_bytes: int | None = None,
+    estimated: dict[str, Any] | None = None,
 ) -> WatchFinding:
     """The `oom` finding of a step that ran out of memory (and was not recovered).
 
@@ -76,6 +124,7 @@ def oom_finding(
         start_budget_bytes: the budget when the fit began.
         guarded: the step was `memfit.fit`'s (it could not split the batch further).
         peak_bytes: the device's peak when it failed, if measured.
+        estimated: for a first step, what fits by the estimate (`estimated_fit`).
     """
     diagnosis = detectors.diagnose_oom(
         steps,
@@ -84,6 +133,7 @@ def oom_finding(
         budget_bytes=budget_bytes,
         start_budget_bytes=start_budget_bytes,
         guarded=guarded,
+        estimated=estimated,
     )
     where = (
         "memfit.fit could not split the step further (one sample per micro-batch)"
@@ -112,6 +162,7 @@ def recovery_finding(
     *,
     budget_bytes: int | None,
     start_budget_bytes: int | None,
+    fitted_micro_batches: int | None = None,
 ) -> WatchFinding:
     """The `oom_recovery` finding of an out-of-memory error `memfit.fit` recovered from.
 
@@ -122,6 +173,8 @@ def recovery_finding(
         step: the step that recovered.
         budget_bytes: the budget now.
         start_budget_bytes: the budget when the fit began.
+        fitted_micro_batches: the micro-batches the step then completed with (its last
+            recovery's; default: this one's).
     """
     shape = list(recovery.input_shapes[0]) if recovery.input_shapes else None
     diagnosis = detectors.diagnose_oom(
@@ -132,6 +185,15 @@ def recovery_finding(
         start_budget_bytes=start_budget_bytes,
         guarded=True,
     )
+    fix = diagnosis.fix
+    new = fitted_micro_batches or recovery.new_micro_batches
+    if not steps and new and shape and isinstance(shape[0], int):
+        # No step before to scale from: the retry itself measured what fits.
+        fix = (
+            f"nothing is lost: memfit.fit went on with {new} micro-batches of "
+            f"{math.ceil(shape[0] / new)}, which fit; pass micro_batches={new} to start "
+            f"there without the retry"
+        )
     return WatchFinding(
         kind="oom_recovery",
         step=step,
@@ -141,7 +203,7 @@ def recovery_finding(
             f"the {recovery.phase} of a step with {recovery.old_micro_batches} "
             f"micro-batch(es) needed more memory than the device had: {diagnosis.text}"
         ),
-        fix=diagnosis.fix,
+        fix=fix,
         evidence={
             **diagnosis.evidence,
             "update": recovery.update,

@@ -50,6 +50,7 @@ def diagnose_oom(
     start_budget_bytes: int | None = None,
     guarded: bool = False,
     margin: float = 0.1,
+    estimated: dict[str, Any] | None = None,
 ) -> OomDiagnosis:
     """Compare a step that ran out of memory with the steps before it; the fix in numbers.
 
@@ -70,6 +71,9 @@ def diagnose_oom(
         start_budget_bytes: the budget when training began (a drop: another process).
         guarded: the step is memfit.fit's (its fix is worded for it).
         margin: share of the budget the suggested sizes leave free.
+        estimated: for a first step (no step before to scale from), what fits by the
+            estimate: `estimated_batch_size` (0: not one sample) and `estimated_high_bytes`,
+            or `estimate_error` (see `memfit.watch.oom_findings.estimated_fit`).
 
     Example:
         ```python
@@ -105,6 +109,8 @@ def diagnose_oom(
             "smaller inputs, mixed precision or recompute (`memfit plan`), or a card with more "
             "memory"
         )
+        if estimated and not guarded:
+            text, fix = _first_step_estimated(text, fix, estimated, batch, evidence)
         return OomDiagnosis("first_step", text, fix, evidence)
 
     last = steps[-1]
@@ -210,6 +216,49 @@ def diagnose_oom(
         text += " while the batch stayed the same: something keeps memory from step to step"
     fix = _oom_fix(cause, sizes, shape, batch, guarded, margin)
     return OomDiagnosis(cause, text, fix, evidence)
+
+
+def _first_step_estimated(
+    text: str,
+    fix: str,
+    estimated: dict[str, Any],
+    batch: int | None,
+    evidence: dict[str, Any],
+) -> tuple[str, str]:
+    """A first step's cause and fix with the estimate's number (see `diagnose_oom`)."""
+    evidence.update(estimated)
+    size = estimated.get("estimated_batch_size")
+    high = estimated.get("estimated_high_bytes")
+    if "estimate_error" in estimated or size is None:
+        return text, fix
+    if size == 0:
+        return (
+            f"{text}; by the estimate, not even one sample fits",
+            "use smaller inputs, mixed precision or recompute (`memfit plan` finds which), "
+            "or a card with more memory",
+        )
+    if batch and size >= batch:
+        # The estimate puts the failing batch within the budget: the device had less room
+        # than the budget says (another process, memory held before the step).
+        return (
+            f"{text}; by the estimate it fits (high bound {format_size(high or 0)}): the "
+            "device had less free memory than the budget",
+            f"{fix}; `memfit doctor` shows who else holds the device's memory",
+        )
+    evidence["largest_batch_size"] = size
+    parts = [
+        f"train at batch_size={size}: the largest batch that fits by the estimate (its high "
+        f"bound {format_size(high or 0)}, with 5% of the step's bytes kept free)"
+    ]
+    if batch and batch > size:
+        k = math.ceil(batch / size)
+        evidence["micro_batches"] = k
+        parts.append(
+            f"or keep batch {batch} with memfit.fit(model, ..., micro_batches={k}) "
+            f"({k} micro-batches of {math.ceil(batch / k)}; it also recovers from an OOM by "
+            f"itself)"
+        )
+    return f"{text}; by the estimate, batch {size} fits", "; ".join(parts)
 
 
 def _round_side(value: float) -> int:
