@@ -171,7 +171,7 @@ def test_size_found_trains_20_steps_of_model_fit_in_a_fresh_process(searches):
     (confirmed,) = searches["fresh"]
     default = searches["default"]
     assert default["soak_steps"] == 20 and default["confirmed_by"].startswith("trained 20")
-    assert "less the 5% margin" in default["confirmed_by"]
+    assert "5% margin on the step's own bytes" in default["confirmed_by"]
     assert default["batch_size"] >= 0.8 * searches["search"]["batch_size"]
     # Its soak peaked within the card less the margin.
     soaked = [t for t in default["trials"] if t["soak"] and t["fits"]]

@@ -55,6 +55,20 @@ def test_the_limit_is_the_budget_less_the_margin_rounded_down():
     assert limit_bytes(1001, 0.5) == 500  # 500.5, rounded down
 
 
+def test_with_what_is_resident_the_margin_is_kept_on_the_steps_bytes():
+    # 600 of 1000 resident, 5% margin: peak + 0.05 * (peak - 600) <= 1000 -> 980.9.
+    limit = limit_bytes(1000, 0.05, resident_bytes=600)
+    assert limit == 980
+    assert limit + 0.05 * (limit - 600) <= 1000 < (limit + 1) + 0.05 * (limit + 1 - 600)
+    # The room given up: 5% of the step's 380 (and a byte of rounding), where 5% of the
+    # budget gave up 50 on a step of 350 (14%).
+    assert 1000 - limit <= 0.05 * (limit - 600) + 1
+    assert (1000 - limit_bytes(1000, 0.05)) / (limit_bytes(1000, 0.05) - 600) > 0.14
+    # Nothing resident: the budget over 1.05; resident past the budget counts as the budget.
+    assert limit_bytes(1050, 0.05, resident_bytes=0) == 1000
+    assert limit_bytes(1000, 0.05, resident_bytes=5000) == 1000
+
+
 def test_the_cap_is_max_batch_or_a_smaller_dataset():
     assert search_cap(None, None) == (65536, "max_batch")
     assert search_cap(64, None) == (64, "max_batch")

@@ -24,7 +24,7 @@ from memfit.workload_spec import WorkloadSpec
 
 @click.command()
 @click.option("--max-batch", type=int, help="Never try a batch larger than this.")
-@margin_option("Share of the budget kept free at the batch found.")
+@margin_option("Share of the step's own bytes (peak less weights and optimizer state) kept free.")
 @count_option(
     "--soak-steps",
     default=DEFAULT_SOAK_STEPS,

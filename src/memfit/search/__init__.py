@@ -83,11 +83,14 @@ class BatchSearchResult:
     Attributes:
         batch_size: the largest batch whose measured peak stays within the budget less the
             margin; 0 when even batch 1 does not fit.
-        margin: share of the budget kept free (0.05: the peak stays below 95% of it).
+        margin: share of the step's own bytes (peak less what is resident before it)
+            kept free under the budget (0.05: `peak + 0.05 * (peak - resident) <= budget`).
         peak_bytes: measured peak at `batch_size` (at batch 1 when nothing fits).
         budget: the budget searched against.
         trials: every measured size in order, with peak or OOM and time.
-        limit_bytes: `budget * (1 - margin)`, the most a fitting peak may reach.
+        limit_bytes: the most a fitting peak may reach: `(budget + margin * resident) /
+            (1 + margin)`, with `resident` the bytes in use before a step (weights,
+            optimizer state) as the first trial measured them.
         failing_batch_size: the smallest size seen failing (OOM or over the limit), if any.
         stopped_by: why the search ended: `"bracket"` (a passing and a failing size next to
             each other or within the margin), `"max_batch"`, `"dataset_size"`, `"nothing_fits"`.
@@ -116,7 +119,7 @@ class BatchSearchResult:
                 f"trained {self.soak_steps} steps of model.fit's train function back to back "
                 f"in a fresh process, after a warm-up step, peaking at "
                 f"{format_size(self.peak_bytes)}: within {format_size(self.limit_bytes)} "
-                f"(the budget less the {self.margin:.0%} margin)"
+                f"(the budget less a {self.margin:.0%} margin on the step's own bytes)"
             )
         return "not confirmed: answered from the search's one-step trials (soak steps 0)"
 
@@ -259,11 +262,11 @@ def find_batch_size(
     allocator retry (`AllocatorStallWatch`), and the next trial runs in a spare child started
     when the sizes got near the limit. Every trial runs the train function `model.fit`
     builds, fed as `model.fit` feeds a dataset (see `memfit.measure`). The size found then
-    trains `soak_steps` more steps in a fresh process (a soak) under a card smaller by the
-    margin, which confirms it: a step's peak rises over the first steps of training, and a
-    fresh process's limit moves by a size or two from one process to the next, for which the
-    margin leaves room; a size whose soak runs out of memory gives way to the next smaller
-    size predicted to hold, soaked in turn.
+    trains `soak_steps` more steps in a fresh process (a soak), whose peak must stay within
+    the limit the margin sets, which confirms it: a step's peak rises over the first steps
+    of training, and a fresh process's limit moves by a size or two from one process to the
+    next, for which the margin leaves room; a size whose soak runs out of memory gives way
+    to the next smaller size predicted to hold, soaked in turn.
 
     The model in this process is never touched: the child loads the MODEL string
     (`isolated=True`) or a saved copy of the model (and of the dataset's largest samples). A
@@ -277,7 +280,8 @@ def find_batch_size(
             emulated budget; it must not exceed what the device really gives. Isolated: each
             trial's child emulates it.
         max_batch: never try more than this.
-        margin: share of the budget kept free, 0 <= margin < 1 (default 0.05).
+        margin: share of the step's own bytes (its peak less what is resident before it)
+            kept free under the budget, 0 <= margin < 1 (default 0.05).
         data: a `tf.data.Dataset` of unbatched `(x, y)` samples (`package.module:dataset_fn`
             with `isolated=True`); trials then use its largest samples, and the dataset's
             size caps the batch.
@@ -396,6 +400,8 @@ def _search(
     soak_steps: int,
     on_trial: Callable[[Trial], None] | None,
 ) -> BatchSearchResult:
+    # The margin is kept on the step's own bytes once the first trial has measured what is
+    # resident before a step; until then, on the whole budget.
     limit = strategy.limit_bytes(budget.usable_bytes, margin)
     cap, capped_by = strategy.search_cap(max_batch, run.dataset_size)
     result = BatchSearchResult(
@@ -412,8 +418,13 @@ def _search(
     peaks: dict[int, int] = {}  # sizes that fit -> measured peak
 
     def trial(size: int, predicted: int | None, soak: int = 0) -> bool:
+        nonlocal limit
         start = time.perf_counter()
         m, fresh, warmed_up = run.measure(size, repeats=soak or 1, soak=bool(soak))
+        if run.resident_bytes is None and m.resident_bytes is not None:
+            run.resident_bytes = m.resident_bytes
+            limit = strategy.limit_bytes(budget.usable_bytes, margin, m.resident_bytes)
+            result.limit_bytes = limit
         ok = not m.oom and m.peak_bytes is not None and m.peak_bytes <= limit
         seconds = time.perf_counter() - start
         t = Trial(
@@ -428,8 +439,6 @@ def _search(
             soak=bool(soak),
         )
         result.trials.append(t)
-        if run.resident_bytes is None:
-            run.resident_bytes = m.resident_bytes
         if ok:
             peaks[size] = int(m.peak_bytes)  # type: ignore[arg-type]
         if on_trial is not None:

@@ -40,9 +40,26 @@ DEFAULT_SOAK_STEPS = 20
 SOAK_RISE = 1.10
 
 
-def limit_bytes(usable_bytes: int, margin: float) -> int:
-    """The most a fitting peak may reach: the budget less the margin (`margin` a share)."""
-    return int(usable_bytes * (1 - margin))
+def limit_bytes(usable_bytes: int, margin: float, resident_bytes: int | None = None) -> int:
+    """The most a fitting peak may reach: the budget less the margin (`margin` a share).
+
+    With `resident_bytes` (what is in use before a step: weights, optimizer state), the
+    margin is kept on what varies, the step's own bytes (peak less resident), not on the
+    whole budget: a peak fits when `peak + margin * (peak - resident) <= budget`. A model
+    whose weights and optimizer state fill most of the card gives up a margin's share of
+    its step, not of its weights (60% resident, 5% margin: 12.5% of the step's bytes on
+    the budget's share, 5% on the step's).
+
+    Example:
+        >>> limit_bytes(1000, 0.25)
+        750
+        >>> limit_bytes(1050, 0.05, resident_bytes=0)
+        1000
+    """
+    if resident_bytes is None:
+        return int(usable_bytes * (1 - margin))
+    resident = min(max(0, int(resident_bytes)), usable_bytes)
+    return int((usable_bytes + margin * resident) / (1 + margin))
 
 
 def search_cap(max_batch: int | None, dataset_size: int | None) -> tuple[int, str]:
