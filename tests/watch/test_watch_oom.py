@@ -3,7 +3,9 @@
 One child process runs the failing scenarios one after the other (a later shard of larger
 images, an augmentation that doubles the side, a doubled batch, memory kept by a callback,
 and memfit.fit recovering); fresh children then train at the batch and image side the
-findings suggest, under the same budget.
+findings suggest, under the same budget. Another child runs a first step that never fits
+(batch 128 under 400 MiB): plain `fit`'s finding names the batch the estimate fits, which
+then trains, and `memfit.fit`'s recovery the K it went on with.
 """
 
 from __future__ import annotations
@@ -40,9 +42,7 @@ def batches(plan):
                        rng.random((b, 4), dtype=np.float32))
     return tf.data.Dataset.from_generator(gen, output_signature=(
         tf.TensorSpec((None, None, None, 3)), tf.TensorSpec((None, 4))))
-"""
 
-FAILING = MODEL + r"""
 result = {}
 
 def run(name, data, callbacks=(), guarded=False):
@@ -60,6 +60,9 @@ def run(name, data, callbacks=(), guarded=False):
     del m, w
     keras.backend.clear_session()
     gc.collect()
+"""
+
+FAILING = MODEL + r"""
 
 run("shard", batches([(16, 64, 8), (16, 160, 2)]))
 
@@ -80,22 +83,8 @@ emit(result)
 """
 
 FIRST_STEP = MODEL + r"""
-result = {}
-for name, guarded in (("plain", False), ("guarded", True)):
-    w = memfit.Watch(verbose=False)
-    m = net()
-    outcome = "completed"
-    try:
-        if guarded:
-            memfit.fit(m, batches([(128, 96, 3)]), epochs=1, verbose=0, callbacks=[w])
-        else:
-            m.fit(batches([(128, 96, 3)]), epochs=1, verbose=0, callbacks=[w])
-    except tf.errors.ResourceExhaustedError:
-        outcome = "oom"
-    result[name] = {"outcome": outcome, "findings": [f.to_dict() for f in w.findings]}
-    del m, w
-    keras.backend.clear_session()
-    gc.collect()
+run("plain", batches([(128, 96, 3)]))
+run("guarded", batches([(128, 96, 3)]), guarded=True)
 emit(result)
 """
 FIRST_BUDGET = {**BUDGET, "MEMFIT_MEMORY": "400MiB"}
