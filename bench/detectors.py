@@ -442,7 +442,8 @@ def _overrides(family: Family) -> list[str]:
 def estimate_vs_measured(family: Family) -> dict[str, Any]:
     """Step 1: the estimate's likely peak and high bound against the highest measured step."""
     b = str(family.batch)
-    args = ("-b", b) if family.garden else ("-b", b, "--no-what-ifs")
+    # The bound of 5 steps, against the highest of 5 measured steps.
+    args = ("-b", b, "--steps", "5", *(() if family.garden else ("--no-what-ifs",)))
     est, est_error = _cli(family, "estimate", *args)
     meas, meas_error = _cli(family, "measure", "-b", b, "--repeats", "5", "--memory", ROOMY)
     out: dict[str, Any] = {"batch": family.batch, "error": est_error or meas_error or None}

@@ -373,6 +373,8 @@ def test_estimate_is_close_to_the_measured_peak(results):
         (["factories:small_cnn", "--batch-size", "0"], "batch size must be a whole number"),
         (["factories:small_cnn", "-b", "4", "--precision", "float8"], "unknown precision"),
         (["factories:small_cnn", "-b", "4", "--remat", "sometimes"], "unknown remat"),
+        (["factories:small_cnn", "-b", "4", "--steps", "0"], "'--steps': 0 is not in the range"),
+        (["factories:small_cnn", "-b", "4", "--steps", "-3"], "'--steps': -3 is not in the range"),
     ],
 )
 def test_bad_input_is_one_clear_line(args, message):

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import math
 import os
 
 import pytest
 from helpers import run_cli, run_isolated
+
+from memfit.estimation.bounds import RUN_RISE, run_rise
 
 TESTS = os.path.dirname(__file__)
 
@@ -40,6 +43,12 @@ def topological(order):
     return len(seen) == len(graph.ops)
 
 e = memfit.estimate(model, 16, samples=2)
+five = memfit.estimate(model, 16, samples=2, steps=5)
+try:
+    memfit.estimate(model, 16, steps=0)
+    zero = None
+except memfit.MemfitError as exc:
+    zero = str(exc)
 from memfit.backend.tf_kernels import assume_threads
 with assume_threads(2, 512):
     other_machine = tf_trace.trace_step(Workload(model), 16)
@@ -56,7 +65,8 @@ emit({
     "again": again.sample_bytes, "measured": measured.peak_bytes,
     "topological": [topological(o) for o in orders],
     "distinct_orders": len({tuple(o) for o in orders}),
-    "estimate": e.to_dict(), "no_samples": none.to_dict(), "str": str(e),
+    "estimate": e.to_dict(), "five": five.to_dict(), "zero_steps": zero,
+    "no_samples": none.to_dict(), "str": str(e),
     "threads": [graph.inter_op_threads, other_machine.inter_op_threads, after.inter_op_threads],
     "scratch": [sum(op.scratch_bytes for op in g.ops) for g in (graph, other_machine)],
     "threaded_peak": threaded.peak_bytes,
@@ -89,6 +99,29 @@ def test_the_measured_peak_is_within_the_high_bound(results):
     assert results["estimate"]["high_bytes"] >= results["estimate"]["peak_bytes"]
     assert len(results["estimate"]["sample_peaks_bytes"]) == 2
     assert "up to" in results["str"]
+
+
+def test_the_bound_of_a_run_is_the_bound_of_5_steps_raised_by_the_runs_rise(results):
+    run, five = results["estimate"], results["five"]
+    assert run["steps"] == 200 and five["steps"] == 5
+    # The same samples (same seeds): 5 steps is the sampled bound itself.
+    assert five["high_bytes"] == five["step_high_bytes"] == run["step_high_bytes"]
+    assert run["high_bytes"] == int(run["step_high_bytes"] * run_rise(200))
+    assert "over 200 steps" in results["str"]
+    assert "steps must be a whole number of at least 1, got 0" in results["zero_steps"]
+
+
+def test_the_runs_rise_follows_the_measured_rises_on_the_log_of_the_steps():
+    assert run_rise(1) == run_rise(5) == 1.0
+    for steps, rise in RUN_RISE.items():
+        assert run_rise(steps) == pytest.approx(rise)
+    assert 1.0 <= run_rise(20) <= run_rise(200) <= run_rise(2000)
+    # Halfway between 100 and 200 steps on the log of the steps; past 200, the rise per
+    # doubling from 20 to 200 steps goes on.
+    half = (RUN_RISE[100] + RUN_RISE[200]) / 2
+    assert run_rise(round(100 * 2**0.5)) == pytest.approx(half, abs=1e-3)
+    per_doubling = (RUN_RISE[200] - RUN_RISE[20]) / math.log2(10)
+    assert run_rise(400) - run_rise(200) == pytest.approx(per_doubling)
 
 
 def test_no_samples_leaves_the_bound_out(results):

@@ -11,7 +11,7 @@ from rich.table import Table
 from memfit.checks import check_batch_size, check_threads
 from memfit.cli.options import apply_budget, count_option, workload_command
 from memfit.cli.render import err, out, print_json
-from memfit.estimation.bounds import ALLOWANCE, SAMPLES
+from memfit.estimation.bounds import ALLOWANCE, BOUND_STEPS, RUN_STEPS, SAMPLES
 from memfit.sizes import format_size
 from memfit.workload_spec import WorkloadSpec
 
@@ -37,6 +37,13 @@ from memfit.workload_spec import WorkloadSpec
     help="Other processes to replay (executor orders, allocator histories) for the high "
     "bound; 0 leaves the bound out.",
 )
+@count_option(
+    "--steps",
+    default=RUN_STEPS,
+    minimum=1,
+    help="Steps of training the high bound covers: the highest step of a run this long "
+    "(the likely peak stays the typical step).",
+)
 @click.option(
     "--threads",
     metavar="INTER,INTRA",
@@ -54,6 +61,7 @@ def estimate(
     remat: str | None,
     what_ifs: bool,
     samples: int,
+    steps: int,
     threads: str | None,
     check: bool,
     memory: str | None,
@@ -92,7 +100,7 @@ def estimate(
             # A Model Garden task: its own train_step, traced at this batch; no what-ifs.
             named = {"overrides": workload.overrides, "params": workload.params}
             what_ifs = False
-        reach = {"what_ifs": what_ifs, "samples": samples, "threads": assumed}
+        reach = {"what_ifs": what_ifs, "samples": samples, "steps": steps, "threads": assumed}
         result = run_estimate(
             target,
             batch_size,
@@ -117,7 +125,9 @@ def estimate(
             measured = measure_in_child(variant, batch_size, repeats=DEFAULT_REPEATS, budget=budget)
     payload = result.to_dict()
     if measured is not None:
-        payload["check"] = _estimate_check(result.peak_bytes, measured, result.high_bytes)
+        # The check measures a few steps after a warm-up: against the bound of 5 steps.
+        high = result.step_high_bytes or result.high_bytes
+        payload["check"] = _estimate_check(result.peak_bytes, measured, high)
     if as_json:
         print_json(payload)
         return
@@ -154,10 +164,15 @@ def _render_estimate(model: str, result: Any, check: dict[str, Any] | None) -> N
             f"{format_size(result.order_peak_bytes)})"
         )
     if result.high_bytes:
+        run = (
+            f", raised for the highest step of {result.steps} steps"
+            if result.step_high_bytes and result.high_bytes > result.step_high_bytes
+            else ""
+        )
         out.print(
-            f"high bound [bold]{format_size(result.high_bytes)}[/] (the highest of "
-            f"{len(result.sample_peaks_bytes)} other executor orders and allocator histories, "
-            f"plus {ALLOWANCE:.0%}): rent or plan for this"
+            f"high bound [bold]{format_size(result.high_bytes)}[/] over {result.steps} steps "
+            f"(the highest of {len(result.sample_peaks_bytes)} other executor orders and "
+            f"allocator histories, plus {ALLOWANCE:.0%}{run}): rent or plan for this"
         )
     table = Table(title="What is live at the peak")
     table.add_column("part")
@@ -211,7 +226,7 @@ def _render_estimate(model: str, result: Any, check: dict[str, Any] | None) -> N
         else:
             inside = check.get("within_high_bound")
             bound = "" if inside is None else ("; within" if inside else "; ABOVE")
-            bound += " the high bound" if inside is not None else ""
+            bound += f" the high bound of {BOUND_STEPS} steps" if inside is not None else ""
             out.print(
                 f"measured peak {format_size(check['measured_bytes'])}; predicted "
                 f"{format_size(check['predicted_bytes'])}; error {check['error']:+.1%}{bound}"

@@ -32,10 +32,10 @@ from typing import Any
 from memfit.attribution import KINDS
 from memfit.backend.tf_kernels import assume_threads
 from memfit.budget import Budget, as_budget, emulated_budget, emulated_memory_growth
-from memfit.checks import check_batch_size, check_threads
+from memfit.checks import check_batch_size, check_positive_int, check_threads
 from memfit.errors import MemfitError, WorkloadError, one_line
 from memfit.estimation.background import PendingRange, start_peak_range
-from memfit.estimation.bounds import SAMPLES
+from memfit.estimation.bounds import RUN_STEPS, SAMPLES, run_rise
 from memfit.estimation.helper import WhatIfQueue
 from memfit.estimation.simulate import Replay, replay
 from memfit.search.strategy import largest_fitting
@@ -73,10 +73,14 @@ class Estimate:
             the backward pass starts), whether or not the peak comes then.
         budget: the budget compared against, if any.
         input_shapes: shape of one sample per input.
-        high_bytes: the high bound of the peak: the highest of the processes TensorFlow
-            could run (other executor orders, other allocator histories), plus an allowance
-            (see `memfit.estimation.bounds`). `peak_bytes` is the likely peak; a card is safe
-            to rent for the high bound.
+        high_bytes: the high bound of the peak over a run of `steps` steps: the highest of
+            the processes TensorFlow could run (other executor orders, other allocator
+            histories), plus an allowance, raised by how a run's highest step rises over its
+            steps (see `memfit.estimation.bounds`). `peak_bytes` is the likely (typical)
+            step's peak; a card is safe to rent for the high bound.
+        steps: steps of training `high_bytes` covers.
+        step_high_bytes: the high bound of the highest of 5 steps after a warm-up in a fresh
+            process (what `memfit estimate --check` measures), before the run's rise.
         sample_peaks_bytes: the peak of each sampled process behind `high_bytes`.
         order_peak_bytes: the likely executor order's peak alone (equal to `peak_bytes`
             but where a sampled process peaked higher under several inter-op threads; None
@@ -102,6 +106,8 @@ class Estimate:
     sample_peaks_bytes: list[int] = field(default_factory=list)
     estimate_seconds: float = 0.0
     order_peak_bytes: int | None = None
+    steps: int = RUN_STEPS
+    step_high_bytes: int | None = None
 
     @property
     def fits(self) -> bool | None:
@@ -114,7 +120,8 @@ class Estimate:
         """JSON-ready dict: sizes in bytes with `_bytes` keys."""
         return json_dict(
             self,
-            "batch_size peak_bytes high_bytes sample_peaks_bytes order_peak_bytes resident_bytes "
+            "batch_size peak_bytes high_bytes steps step_high_bytes sample_peaks_bytes "
+            "order_peak_bytes resident_bytes "
             "activations_kept_bytes breakdown per_layer peak_moment what_ifs budget fits "
             "input_shapes trace_seconds estimate_seconds",
             breakdown=suffixed(self.breakdown, "_bytes"),
@@ -122,7 +129,11 @@ class Estimate:
 
     def __str__(self) -> str:
         moment = self.peak_moment
-        high = f", up to {format_size(self.high_bytes)}" if self.high_bytes else ""
+        high = (
+            f", up to {format_size(self.high_bytes)} over {self.steps} steps"
+            if self.high_bytes
+            else ""
+        )
         return (
             f"batch {self.batch_size}: predicted peak {format_size(self.peak_bytes)}{high} "
             f"(in the {moment.get('phase', '?')} pass at {moment.get('layer') or moment.get('op')})"
@@ -149,6 +160,7 @@ def estimate_workload(
     recompute: Any = None,
     *,
     samples: int = 0,
+    steps: int = RUN_STEPS,
     on_sample: Callable[[int, int], None] | None = None,
 ) -> Estimate:
     """Estimate a prepared Workload's step at `batch_size` (see `estimate`).
@@ -164,7 +176,9 @@ def estimate_workload(
     with _young_collections():
         graph = _start_trace(workload, int(batch_size), recompute).result()
         traced = time.perf_counter() - started
-        return _replayed(graph, workload, traced, started, samples=samples, on_sample=on_sample)
+        return _replayed(
+            graph, workload, traced, started, samples=samples, steps=steps, on_sample=on_sample
+        )
 
 
 def _start_trace(workload: Workload, batch_size: int, recompute: Any = None) -> Any:
@@ -221,6 +235,7 @@ def _replayed(
     started: float,
     *,
     samples: int = 0,
+    steps: int = RUN_STEPS,
     on_sample: Callable[[int, int], None] | None = None,
 ) -> Estimate:
     """Replay a traced step (a `StepGraph`) and describe its peak as an `Estimate`.
@@ -236,6 +251,7 @@ def _replayed(
             pending.cancel()
         raise
     estimate = _described(result, graph, workload, traced, started)
+    estimate.steps = steps
     if pending is not None:
         _bound(estimate, pending, on_sample)
     estimate.estimate_seconds = time.perf_counter() - started
@@ -263,9 +279,12 @@ def _bound(
     Under several inter-op threads each step of a run races for its order, so the run's
     peak is its highest step: where a sampled process peaked above the likely order, the
     estimate becomes that process's peak and live set (see docs/estimate.md, "The range").
+    The bound of 5 steps is `step_high_bytes`; `high_bytes` is it raised for a run of
+    `estimate.steps` steps (`bounds.run_rise`).
     """
     bound = pending.result(estimate.peak_bytes, on_sample)
-    estimate.high_bytes = bound.high_bytes
+    estimate.step_high_bytes = bound.high_bytes
+    estimate.high_bytes = int(bound.high_bytes * run_rise(estimate.steps))
     estimate.sample_peaks_bytes = bound.sample_bytes
     top = bound.highest
     threads = int(getattr(pending.graph, "inter_op_threads", 1) or 1)
@@ -357,6 +376,7 @@ def estimate(
     classes: int | None = None,
     what_ifs: bool = False,
     samples: int = SAMPLES,
+    steps: int = RUN_STEPS,
     threads: tuple[int, int] | None = None,
     on_progress: Callable[[str], None] | None = None,
     step_fn: Callable[[Any, Any], Any] | None = None,
@@ -390,6 +410,8 @@ def estimate(
         samples: other processes to replay for the high bound (`Estimate.high_bytes`);
             0 leaves it out. What-ifs scale their high bound by the base step's
             high-to-likely ratio instead of sampling again.
+        steps: steps of training the high bound covers (default 200, a run; 5 gives the
+            highest of 5 steps after a warm-up, as `--check` measures).
         threads: `(inter, intra)` thread counts of the machine to estimate for (default:
             what TensorFlow uses in this process: as set, else one per CPU it may run on).
         on_progress: called with a short text at each phase.
@@ -412,6 +434,7 @@ def estimate(
     """
     arguments = dict(locals())  # the helper process rebuilds the workload from them
     check_batch_size(batch_size)
+    steps = check_positive_int(steps, "steps")
     progress = on_progress or (lambda _text: None)
     if step_fn is not None or (isinstance(model, str) and model.startswith("garden:")):
         if precision or remat or what_ifs:
@@ -429,6 +452,7 @@ def estimate(
             params,
             budget,
             samples,
+            steps,
             threads,
             progress,
         )
@@ -487,7 +511,9 @@ def estimate(
         graph = pending_base.result()
         traced += time.perf_counter() - waiting
         if queue is None:
-            result = _replayed(graph, workload, traced, started, samples=samples, on_sample=sampled)
+            result = _replayed(
+                graph, workload, traced, started, samples=samples, steps=steps, on_sample=sampled
+            )
         else:
             # The samples replay in a child while this process goes on with the what-ifs;
             # the what-ifs' high bounds wait for them (`bounded`).
@@ -495,7 +521,7 @@ def estimate(
             try:
                 likely = replay(graph, region_bytes=_region_bytes())
                 result = _described(likely, graph, workload, traced, started)
-                result.budget = resolved
+                result.budget, result.steps = resolved, steps
 
                 def bounded() -> Estimate:
                     if pending is not None and result.high_bytes is None:
@@ -533,6 +559,7 @@ def _estimate_step(
     params: Any,
     budget: Any,
     samples: int,
+    steps: int,
     threads: tuple[int, int] | None,
     progress: Callable[[str], None],
 ) -> Estimate:
@@ -570,7 +597,9 @@ def _estimate_step(
                 f"{first[:200]}); measure it instead (memfit measure)"
             ) from None
         traced = time.perf_counter() - started
-        result = _replayed(graph, workload, traced, started, samples=samples, on_sample=sampled)
+        result = _replayed(
+            graph, workload, traced, started, samples=samples, steps=steps, on_sample=sampled
+        )
     result.budget = resolved
     result.estimate_seconds = time.perf_counter() - started
     return result
@@ -758,6 +787,7 @@ def largest_batch(
     input_shape: InputShape | None = None,
     data: Any = None,
     samples: int = SAMPLES,
+    steps: int = RUN_STEPS,
     margin: float = 0.05,
     on_progress: Callable[[str], None] | None = None,
 ) -> Estimate | None:
@@ -778,6 +808,7 @@ def largest_batch(
         data: a `tf.data.Dataset` of unbatched samples (for dict targets, or a model's own
             sample shapes).
         samples: processes replayed for the base step's high bound (0: the likely peak).
+        steps: steps of training the high bound covers (default 200: a run).
         margin: share of the step's own bytes (its high bound less what is in use before
             it: weights, optimizer state) also kept free, for what varies from step to step.
         on_progress: called with a short text at each phase.
@@ -811,7 +842,7 @@ def largest_batch(
             graph = pending.result()
         traced = time.perf_counter() - started
         progress("replaying it, with its high bound")
-        base = _replayed(graph, workload, traced, started, samples=samples)
+        base = _replayed(graph, workload, traced, started, samples=samples, steps=steps)
         order = base.order_peak_bytes or base.peak_bytes
         scale = (base.high_bytes or order) / order if order else 1.0
         run = base.peak_bytes / order if order else 1.0
