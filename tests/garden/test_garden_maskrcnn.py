@@ -85,7 +85,7 @@ def garden(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         optimizer = task.create_optimizer(config.trainer.optimizer_config, config.runtime)
         return model, optimizer
 
-    return {"task": task, "batch": batch, "build": build}
+    return {"task": task, "batch": batch, "build": build, "input_path": str(directory / "train-*")}
 
 
 def _train(garden: dict[str, Any], k: int, steps: int = 2) -> dict[str, Any]:
@@ -148,3 +148,54 @@ def test_unequal_micro_batches_are_refused_naming_the_layer(garden: dict[str, An
     assert re.search(r"layer 'box_sampler(_\d+)?' \(BoxSampler\)", message), message
     assert "batch size that 2 divides" in message
     assert int(optimizer.iterations.numpy()) == 0
+
+
+def _sets(input_path: str) -> list[str]:
+    """`_config`'s overrides as `memfit` CLI options (`--set key.path=value`)."""
+    values = [
+        "runtime.mixed_precision_dtype=float32",
+        "task.init_checkpoint=null",
+        "task.model.input_size=[128,128,3]",
+        "task.model.num_classes=6",
+        "task.model.include_mask=true",
+        "task.model.backbone.resnet.model_id=18",
+        "task.model.decoder.fpn.num_filters=64",
+        "task.model.rpn_head.num_filters=64",
+        "task.model.detection_head.num_filters=64",
+        "task.model.detection_head.fc_dims=128",
+        "task.model.mask_head.num_filters=64",
+        "task.model.mask_head.num_convs=1",
+        "task.model.roi_sampler.num_sampled_rois=32",
+        "task.model.mask_sampler.num_sampled_masks=8",
+        f"task.train_data.input_path={input_path}",
+        "task.train_data.parser.aug_rand_hflip=false",
+        "task.train_data.parser.aug_scale_min=1.0",
+        "task.train_data.parser.aug_scale_max=1.0",
+        "task.train_data.parser.rpn_batch_size_per_im=32",
+        "task.train_data.parser.mask_crop_size=28",
+        "task.train_data.parser.max_num_instances=8",
+    ]
+    return [arg for value in values for arg in ("--set", value)]
+
+
+def test_plan_splits_the_batch_into_equal_micro_batches_and_confirms_them(
+    garden: dict[str, Any],
+) -> None:
+    """`memfit plan` of Mask R-CNN's own step: batch 16 runs out of memory whole under
+    600 MiB; only K that split it equally are tried (its samplers need a static batch), and
+    the one chosen trains 20 steps of `GuardedStep.from_task` in a fresh process."""
+    import json
+
+    from helpers import run_cli
+
+    proc = run_cli(
+        "plan", "garden:maskrcnn_resnetfpn_coco", *_sets(garden["input_path"]),
+        "-b", "16", "--memory", "600MiB", "--json", env={"TF_CPP_MIN_LOG_LEVEL": "2"},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    plan = json.loads(proc.stdout)
+    assert plan["fits"] and plan["confirmed"] and plan["precision"] == "task's own", plan
+    assert plan["micro_batches"] in (2, 4, 8) and plan["peak_bytes"] <= plan["limit_bytes"]
+    whole = [c for c in plan["candidates"] if c["micro_batches"] == 1]
+    assert whole and not whole[0]["fits"], plan["candidates"]
+    assert all(16 % c["micro_batches"] == 0 for c in plan["candidates"])

@@ -248,7 +248,7 @@ def _first_step_estimated(
     evidence["largest_batch_size"] = size
     parts = [
         f"train at batch_size={size}: the largest batch that fits by the estimate (its high "
-        f"bound {format_size(high or 0)}, with 5% of the step's bytes kept free)"
+        f"bound for a run, {format_size(high or 0)}, with 5% of the step's bytes kept free)"
     ]
     if batch and batch > size:
         k = math.ceil(batch / size)
