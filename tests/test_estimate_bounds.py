@@ -181,7 +181,7 @@ DEFAULT_THREADING = """
 import memfit
 model = memfit.load_model({spec!r}, input_shape={shape!r})
 measured = memfit.measure(model, {batch}, repeats=5)
-estimate = memfit.estimate(model, {batch})
+estimate = memfit.estimate(model, {batch}, steps=5)  # the bound of the 5 steps measured
 emit({{"measured": measured.peak_bytes, "likely": estimate.peak_bytes,
        "high": estimate.high_bytes}})
 """

@@ -42,7 +42,10 @@ def batches(plan):
                        rng.random((b, 4), dtype=np.float32))
     return tf.data.Dataset.from_generator(gen, output_signature=(
         tf.TensorSpec((None, None, None, 3)), tf.TensorSpec((None, 4))))
+"""
 
+# Each scenario in turn: a fresh model, a Watch, plain `fit` (or memfit.fit), the outcome.
+RUN = r"""
 result = {}
 
 def run(name, data, callbacks=(), guarded=False):
@@ -62,7 +65,7 @@ def run(name, data, callbacks=(), guarded=False):
     gc.collect()
 """
 
-FAILING = MODEL + r"""
+FAILING = MODEL + RUN + r"""
 
 run("shard", batches([(16, 64, 8), (16, 160, 2)]))
 
@@ -82,7 +85,7 @@ run("guarded", batches([(16, 64, 8), (16, 160, 2)]), guarded=True)
 emit(result)
 """
 
-FIRST_STEP = MODEL + r"""
+FIRST_STEP = MODEL + RUN + r"""
 run("plain", batches([(128, 96, 3)]))
 run("guarded", batches([(128, 96, 3)]), guarded=True)
 emit(result)
