@@ -48,6 +48,9 @@ from bench.trials import FIT_STEPS, ROOT
 console = Console(stderr=True)
 
 TESTS = os.path.join(ROOT, "tests")
+sys.path.insert(0, TESTS)
+from mypkg import garden  # noqa: E402  (the Model Garden's small configs, shared with tests)
+
 SRC = os.path.join(ROOT, "src")
 ROOMY = "4GiB"  # never runs out: the control runs and the step-time comparison
 FIT_CHECK_STEPS = 20
@@ -94,37 +97,8 @@ def families(quick: bool, data_dir: str) -> list[Family]:
     d_size, d_queries = (64, 16) if quick else (320, 100)
     y_size, y_big = (128, 256) if quick else (320, 640)
     g_size, g_model = (128, 18) if quick else (384, 50)
-    garden_sets = [
-        "task.init_checkpoint=null",
-        f"task.model.input_size=[{g_size},{g_size},3]",
-        "task.model.num_classes=6",
-        f"task.model.backbone.resnet.model_id={g_model}",
-        f"task.train_data.input_path={data_dir}/train-*",
-        "task.train_data.parser.aug_rand_hflip=false",
-    ]
-    mask_sets = [
-        "runtime.mixed_precision_dtype=float32",
-        "task.init_checkpoint=null",
-        f"task.model.input_size=[{g_size},{g_size},3]",
-        "task.model.num_classes=6",
-        "task.model.include_mask=true",
-        f"task.model.backbone.resnet.model_id={g_model}",
-        "task.model.decoder.fpn.num_filters=64",
-        "task.model.rpn_head.num_filters=64",
-        "task.model.detection_head.num_filters=64",
-        "task.model.detection_head.fc_dims=128",
-        "task.model.mask_head.num_filters=64",
-        "task.model.mask_head.num_convs=1",
-        "task.model.roi_sampler.num_sampled_rois=32",
-        "task.model.mask_sampler.num_sampled_masks=8",
-        f"task.train_data.input_path={data_dir}-masks/train-*",
-        "task.train_data.parser.aug_rand_hflip=false",
-        "task.train_data.parser.aug_scale_min=1.0",
-        "task.train_data.parser.aug_scale_max=1.0",
-        "task.train_data.parser.rpn_batch_size_per_im=32",
-        "task.train_data.parser.mask_crop_size=28",
-        "task.train_data.parser.max_num_instances=8",
-    ]
+    garden_sets = garden.retinanet_sets(f"{data_dir}/train-*", g_size, g_model)
+    mask_sets = garden.mask_rcnn_sets(f"{data_dir}-masks/train-*", g_size, g_model)
     q = quick
     return [
         Family(

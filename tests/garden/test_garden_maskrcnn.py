@@ -150,34 +150,6 @@ def test_unequal_micro_batches_are_refused_naming_the_layer(garden: dict[str, An
     assert int(optimizer.iterations.numpy()) == 0
 
 
-def _sets(input_path: str) -> list[str]:
-    """`_config`'s overrides as `memfit` CLI options (`--set key.path=value`)."""
-    values = [
-        "runtime.mixed_precision_dtype=float32",
-        "task.init_checkpoint=null",
-        "task.model.input_size=[128,128,3]",
-        "task.model.num_classes=6",
-        "task.model.include_mask=true",
-        "task.model.backbone.resnet.model_id=18",
-        "task.model.decoder.fpn.num_filters=64",
-        "task.model.rpn_head.num_filters=64",
-        "task.model.detection_head.num_filters=64",
-        "task.model.detection_head.fc_dims=128",
-        "task.model.mask_head.num_filters=64",
-        "task.model.mask_head.num_convs=1",
-        "task.model.roi_sampler.num_sampled_rois=32",
-        "task.model.mask_sampler.num_sampled_masks=8",
-        f"task.train_data.input_path={input_path}",
-        "task.train_data.parser.aug_rand_hflip=false",
-        "task.train_data.parser.aug_scale_min=1.0",
-        "task.train_data.parser.aug_scale_max=1.0",
-        "task.train_data.parser.rpn_batch_size_per_im=32",
-        "task.train_data.parser.mask_crop_size=28",
-        "task.train_data.parser.max_num_instances=8",
-    ]
-    return [arg for value in values for arg in ("--set", value)]
-
-
 def test_plan_splits_the_batch_into_equal_micro_batches_and_confirms_them(
     garden: dict[str, Any],
 ) -> None:
@@ -187,9 +159,10 @@ def test_plan_splits_the_batch_into_equal_micro_batches_and_confirms_them(
     import json
 
     from helpers import run_cli
+    from mypkg.garden import as_options, mask_rcnn_sets
 
     proc = run_cli(
-        "plan", "garden:maskrcnn_resnetfpn_coco", *_sets(garden["input_path"]),
+        "plan", "garden:maskrcnn_resnetfpn_coco", *as_options(mask_rcnn_sets(garden["input_path"])),
         "-b", "16", "--memory", "600MiB", "--json", env={"TF_CPP_MIN_LOG_LEVEL": "2"},
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr

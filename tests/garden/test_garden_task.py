@@ -9,6 +9,7 @@ import os
 
 import pytest
 from helpers import run_cli, run_isolated
+from mypkg.garden import as_options, retinanet_sets
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TASK = "garden:retinanet_resnetfpn_coco"
@@ -29,15 +30,7 @@ def od_data(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 def small(folder: str) -> list[str]:
     """`--set` options of a small RetinaNet: ResNet-18, 128 px, 6 classes, no checkpoint."""
-    values = [
-        "task.init_checkpoint=null",
-        "task.model.input_size=[128,128,3]",
-        "task.model.num_classes=6",
-        "task.model.backbone.resnet.model_id=18",
-        f"task.train_data.input_path={folder}/train-*",
-        "task.train_data.parser.aug_rand_hflip=false",
-    ]
-    return [arg for value in values for arg in ("--set", value)]
+    return as_options(retinanet_sets(f"{folder}/train-*"))
 
 
 def env(folder: str) -> dict[str, str]:
