@@ -314,3 +314,14 @@ def test_declared_size_that_disagrees_with_the_image_is_a_size_mismatch(tmp_path
         "image/height x image/width say 50x60, the image header says 40x60 (height x width)",
         "image/height x image/width say 31x20, the image header says 30x20 (height x width)",
     ]
+
+
+def test_records_with_instance_masks_check_clean(tmp_path):
+    # Mask R-CNN's records (`image/object/mask`, one PNG per object) as the Model Garden's
+    # tests train on them: their images and boxes are checked; the masks are read past.
+    synth.write_dataset(
+        str(tmp_path), count=6, shards=1, image_size=(64, 64), num_classes=5, masks=True
+    )
+    report = memfit.data.check(str(tmp_path))
+    assert report.ok and report.records == report.valid_records == 6, report.problems
+    assert report.objects >= 6
