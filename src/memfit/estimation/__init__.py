@@ -38,7 +38,7 @@ from memfit.estimation.background import PendingRange, start_peak_range
 from memfit.estimation.bounds import RUN_STEPS, SAMPLES, run_rise
 from memfit.estimation.helper import WhatIfQueue
 from memfit.estimation.simulate import Replay, replay
-from memfit.search.strategy import largest_fitting
+from memfit.search.strategy import largest_fitting, limit_bytes
 from memfit.serialize import json_dict, suffixed
 from memfit.sizes import format_size
 from memfit.workload import InputShape, Workload
@@ -767,7 +767,7 @@ def _largest_for(
     is in use before the step) stays free as well. Returns the size, its peak and its high
     bound (all None when no size fits).
     """
-    limit = (budget.usable_bytes + margin * resident) / (scale * (1 + margin))
+    limit = limit_bytes(budget.usable_bytes, margin, resident) / scale
     size, order = largest_fitting(
         lambda b: steps.estimate(b).order_peak_bytes or 0,
         known,
@@ -825,6 +825,7 @@ def largest_batch(
         ```
     """
     check_batch_size(batch_size)
+    steps = check_positive_int(steps, "steps")
     resolved = as_budget(budget) or emulated_budget()
     if resolved is None:
         raise WorkloadError(
@@ -846,17 +847,17 @@ def largest_batch(
         order = base.order_peak_bytes or base.peak_bytes
         scale = (base.high_bytes or order) / order if order else 1.0
         run = base.peak_bytes / order if order else 1.0
-        steps = _Steps(workload, pending, graph)
-        one = base if batch_size == 1 else steps.estimate(1)
+        sized = _Steps(workload, pending, graph)
+        one = base if batch_size == 1 else sized.estimate(1)
         known = {int(batch_size): order, 1: one.order_peak_bytes or 0}
         progress(f"the largest batch for {resolved.name}")
         size, peak, high = _largest_for(
-            steps, known, resolved, scale, run, margin=margin, resident=one.resident_bytes
+            sized, known, resolved, scale, run, margin=margin, resident=one.resident_bytes
         )
         if size is None:
             return None
-        result = base if size == batch_size else steps.estimate(size)
-        result.peak_bytes, result.high_bytes = int(peak or 0), high
+        result = base if size == batch_size else sized.estimate(size)
+        result.peak_bytes, result.high_bytes, result.steps = int(peak or 0), high, steps
     result.budget = resolved
     result.estimate_seconds = time.perf_counter() - started
     return result
