@@ -50,7 +50,7 @@ lint: install
 
 # Test files run on TEST_WORKERS processes (a file's tests stay together: they share fixtures).
 # Four on 2 cores: with two, the suite kept the cores 71% busy (user+system CPU over wall
-# time, 2026-11-27), as its tests wait on the child processes they start; fresh-clone CI
+# time), as its tests wait on the child processes they start; fresh-clone CI
 # runs took 990 s of tests with 2 workers, 904 s with 3 and 858 s with 4 (181% busy).
 TEST_WORKERS ?= 4
 test: test-main test-garden

@@ -7,13 +7,13 @@ built inside `keras.RematScope(mode=...)`). Each child measures with `memfit.mea
 warm-up step, then `--repeats` steps; the highest peak, the median step time), the same peak
 definition as every other memfit figure. The table gives the peak, its change against plain,
 the step time as a ratio to plain (same machine, same run), and "not applicable: <why>" for
-a variant that cannot build or run. Goal (issue 22): memfit's recompute at least 30% lower
+a variant that cannot build or run. Goal: memfit's recompute at least 30% lower
 peak at no more than 1.4x the step time, and the estimate of the recompute step within 5% of
 its measured peak (`estimate` column: plain and sqrt, estimated in the same child after the
 measurement, under the same emulated budget).
 
     python -m bench.recompute --quick                 # 2 small models (a few minutes)
-    python -m bench.recompute --out results.json      # the issue's table (long on a CPU)
+    python -m bench.recompute --out results.json      # the full table (long on a CPU)
     python -m bench.recompute --only ResNet50 --variants plain,sqrt
     python -m bench.recompute --only MobileNetV2 --size 160 --batch 32 --variants plain,sqrt
 """
@@ -39,7 +39,7 @@ console = Console()
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MIB = 2**20
 
-# model, input side, batch, budget (MiB): the issue's table.
+# model, input side, batch, budget (MiB): the full table.
 CASES = [
     ("ResNet50", 224, 32, 12288),
     ("MobileNetV2", 224, 64, 12288),

@@ -202,7 +202,7 @@ def _render_estimate(model: str, result: Any, check: dict[str, Any] | None) -> N
         for row in result.what_ifs:
             if "error" in row or "note" in row:
                 # "not applicable: <why>", or why a row is not estimated, whole: the table
-                # wraps it (issue 20).
+                # wraps it.
                 why = row.get("error") or row["note"]
                 whatif.add_row(row["change"], "", "n/a", "", why.splitlines()[0])
                 continue

@@ -33,8 +33,8 @@ NEAR_STEP = 0.125
 # `model.fit`: 1009 MiB at the first, 1042-1062 at steps 2-6, 1088-1107 at steps 13-18).
 DEFAULT_SOAK_STEPS = 20
 # How much a size's peak over the soak's steps, back to back in a fresh process, comes above
-# its one-step trial peak, as the first soak assumes. MobileNetV2 96 px under 500 MiB
-# (2026-11-27): trials 31 at 425.6 MiB and 33 at 443.1, soaks 454.3 (x1.067) and 499.8
+# its one-step trial peak, as the first soak assumes. MobileNetV2 96 px under 500 MiB:
+# trials 31 at 425.6 MiB and 33 at 443.1, soaks 454.3 (x1.067) and 499.8
 # (x1.128); on a roomy card (2 GiB) the rise is larger, x1.12-1.22 at batch 32, as the
 # allocator has free chunks up to twice a request's size to hand out whole.
 SOAK_RISE = 1.10
