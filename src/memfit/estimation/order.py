@@ -133,7 +133,7 @@ def _executor_inputs(
     only the hash sets brought ResNet50's recompute step (224 px b32, default threading)
     from +5.0% to -1.4%, but the accuracy benchmark's default-threading median from 2.1% to
     3.1% and its coverage from 64 to 59 of 64 cases; under one thread only, the pinned
-    coverage from 63 to 61 (bench/RESULTS.md, "A sampled process's orders").
+    coverage from 63 to 61 (bench/history/estimate_accuracy.md, "A sampled process's orders").
 
     All but the drawn order are the same for every order of the graph (a sampled process
     draws one for each of its steps): made once and cached on the graph.
