@@ -14,7 +14,7 @@ search for the largest batch that fits) are made from the two
 what-if's step is traced (`memfit.backend.tf_trace.start_trace`). The high bound's samples
 replay in a forked child on the other core (`memfit.estimation.background`), and the garbage
 collector leaves alone what exists before the estimate and what each trace keeps
-(`gc.freeze`): see docs/estimate.md, "How it is fast".
+(`gc.freeze`): see docs/design/estimate.md, "How it is fast".
 """
 
 from __future__ import annotations
@@ -278,7 +278,7 @@ def _bound(
 
     Under several inter-op threads each step of a run races for its order, so the run's
     peak is its highest step: where a sampled process peaked above the likely order, the
-    estimate becomes that process's peak and live set (see docs/estimate.md, "The range").
+    estimate becomes that process's peak and live set (see docs/design/estimate.md, "The range").
     The bound of 5 steps is `step_high_bytes`; `high_bytes` is it raised for a run of
     `estimate.steps` steps (`bounds.run_rise`).
     """

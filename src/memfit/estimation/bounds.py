@@ -47,7 +47,7 @@ WARMUPS = 2
 # Measured steps in each sampled process (the highest counts, as `memfit.measure` reports).
 STEPS = 3
 # Allowance above the highest sampled peak for histories and orders the samples miss,
-# measured on the accuracy benchmark (see docs/estimate.md, "The range").
+# measured on the accuracy benchmark (see docs/design/estimate.md, "The range").
 ALLOWANCE = 0.05
 # The steps the sampled bound stands for: the highest of this many steps after a warm-up in
 # a fresh process (as the accuracy benchmark measures it).
@@ -137,8 +137,8 @@ def run_rise(steps: int) -> float:
     Over a run the allocator's free chunks split up (in one region a chunk less than twice
     a request is handed out whole) and, under several inter-op threads, each step's order
     is a race: the highest step rises with the steps run, most in the first tens of steps.
-    The rise is `RUN_RISE`, measured (`bench.step_rise`; docs/estimate.md, "A run, not five
-    steps"), followed on the logarithm of the steps between the measured lengths; past the
+    The rise is `RUN_RISE`, measured (`bench.step_rise`; docs/design/estimate.md, "A run,
+    not five steps"), followed on the logarithm of the steps between the measured lengths; past the
     longest, the rise per doubling from the shortest to the longest goes on; 1 for 5 steps
     or fewer.
 
