@@ -16,7 +16,15 @@ from typing import Any
 from memfit.backend import tf as tfb
 from memfit.backend import tf_keras_compat as compat
 from memfit.backup import Backup
+from memfit.budget import ENV_EMULATED_ON, emulated_budget
 from memfit.checks import check_batch_size
+from memfit.data.service import (
+    DataService,
+    check_servable,
+    python_ops_in,
+    resolve,
+    serving,
+)
 from memfit.distributed import fix_keras_multi_worker_build
 from memfit.errors import DataError, MemfitError
 from memfit.guarded_step import GuardedStep, check_trainable_model
@@ -51,6 +59,7 @@ def fit(
     backup_dir: str | os.PathLike[str] | None = None,
     save_freq: str | int = "epoch",
     keep_backup: bool = False,
+    data_service: Any = "auto",
 ) -> Any:
     """`model.fit` that trains at the batch you ask for and survives out-of-memory errors.
 
@@ -91,6 +100,12 @@ def fit(
             arrays, an unshuffled or fixed-seed dataset) and no `steps_per_epoch`.
         save_freq: with `backup_dir`: `"epoch"` (default) or N, a checkpoint every N updates.
         keep_backup: with `backup_dir`: keep the checkpoint after the run completes.
+        data_service: run a `tf.data.Dataset`'s pipeline on tf.data service workers (see
+            `memfit.data.DataService`): N local worker processes, a dispatcher's address
+            (`"grpc://host:5050"`), a `DataService`, or None. Default `"auto"`: one local
+            worker under a CPU-emulated card, where the pipeline's buffers would otherwise
+            count against the card (a GPU keeps them in host memory); none elsewhere, and
+            none for a pipeline that calls Python (`from_generator`, `tf.py_function`).
 
     Returns:
         The `keras.callbacks.History`, with `history.memfit` added.
@@ -127,10 +142,37 @@ def fit(
             "memfit.fit needs steps_per_execution=1 (it guards each step on its own); "
             "compile the model without steps_per_execution"
         )
+    service = None
     if isinstance(x, tf.data.Dataset):
         _check_epoch_ends(tf, x, steps_per_epoch)
         x = _rebatched(x, batch_size)
         batch_size = None
+        service = _data_service(model, x, data_service)
+        batches = int(tf.data.experimental.cardinality(x))
+        if service is not None and steps_per_epoch is None and backup_dir is None and batches > 0:
+            # One service job for the whole fit, so the pipeline's epochs follow each other as
+            # in this process (a shuffle reshuffles each epoch); a job an epoch would start
+            # every epoch from the pipeline's first state.
+            x, steps_per_epoch = x.repeat(), batches
+    elif _arrays(x) and backup_dir is None and not tf_keras:
+        service = _data_service(model, None, data_service)
+        if service is not None:
+            # Keras' own pipeline for the arrays (its shuffling, class and sample weights),
+            # served; the validation split is taken first, as Keras takes it.
+            x, validation_data, steps_per_epoch = _arrays_dataset(
+                x, y, sample_weight, batch_size, shuffle, class_weight, steps_per_epoch,
+                validation_split, validation_data,
+            )
+            y = sample_weight = class_weight = batch_size = None
+            validation_split, shuffle = 0.0, False  # both done in the dataset
+    elif data_service not in ("auto", None, 0):
+        raise DataError(
+            "data_service runs a tf.data.Dataset's pipeline (or Keras' pipeline for arrays); "
+            "pass the input as a tf.data.Dataset or arrays, or leave data_service out"
+        )
+    # Elements that come from outside TensorFlow's allocator (tf.data service, a generator)
+    # are copied onto an emulated card for the step, as a GPU copies the batch it reads.
+    outside = service is not None or not (isinstance(x, tf.data.Dataset) or _arrays(x))
     if hasattr(micro_batches, "precision") and hasattr(micro_batches, "remat"):
         check_plan(model, micro_batches)
         from memfit.recomputation import remat_recompute
@@ -163,15 +205,21 @@ def fit(
     previous = model.train_function
 
     def train_function(iterator: Any) -> dict[str, Any]:
-        return step(next(iterator))
+        batch = next(iterator)
+        if outside:
+            batch = tfb.hold_on_device(batch)
+        return step(batch)
 
     train_function.guarded_step = step  # type: ignore[attr-defined]  # read by memfit.Watch
     model.train_function = train_function
     keras_build = (lambda: None) if tf_keras else fix_keras_multi_worker_build(model)
     try:
-        with backup.handling_signals() if backup is not None else contextlib.nullcontext():
+        with (
+            backup.handling_signals() if backup is not None else contextlib.nullcontext(),
+            serving(service),
+        ):
             history = model.fit(
-                x,
+                service.serve(x) if service is not None else x,
                 y,
                 batch_size=batch_size,
                 epochs=epochs,
@@ -193,6 +241,62 @@ def fit(
         keras_build()
     history.memfit = step.summary
     return history
+
+
+def _data_service(model: Any, dataset: Any, data_service: Any) -> DataService | None:
+    """The tf.data service to run `dataset` on, for `fit`'s `data_service=` (see there)."""
+    if data_service != "auto":
+        service = resolve(data_service)
+        if service is not None and dataset is not None:
+            check_servable(dataset)  # before any worker starts
+        return service
+    if os.environ.get(ENV_EMULATED_ON) != "CPU" or emulated_budget() is None:
+        return None
+    default = tfb.import_tf().distribute.get_strategy()
+    if type(getattr(model, "distribute_strategy", default)) is not type(default):
+        return None  # a strategy distributes the dataset itself, shard by shard
+    if dataset is not None and python_ops_in(dataset):
+        return None  # elements made by Python already live outside the emulated card
+    return DataService(workers=1, verbose=True)
+
+
+def _arrays_dataset(
+    x: Any,
+    y: Any,
+    sample_weight: Any,
+    batch_size: int | None,
+    shuffle: bool | str,
+    class_weight: Any,
+    steps_per_epoch: int | None,
+    validation_split: float,
+    validation_data: Any,
+) -> tuple[Any, Any, int | None]:
+    """The `tf.data.Dataset` Keras' `fit` makes of arrays, its validation data and steps."""
+    from keras.src.trainers.data_adapters import array_slicing  # Keras 3's own, private
+    from keras.src.trainers.data_adapters.array_data_adapter import ArrayDataAdapter
+
+    if validation_split and validation_data is None:
+        (x, y, sample_weight), validation_data = array_slicing.train_validation_split(
+            (x, y, sample_weight), validation_split=validation_split
+        )
+    adapter = ArrayDataAdapter(
+        x,
+        y,
+        sample_weight=sample_weight,
+        class_weight=class_weight,
+        shuffle=shuffle,
+        batch_size=batch_size or 32,
+        steps=steps_per_epoch,
+    )
+    return adapter.get_tf_dataset(), validation_data, steps_per_epoch
+
+
+def _arrays(x: Any) -> bool:
+    """Whether `x` is what Keras batches itself with TensorFlow ops (arrays, tensors)."""
+    return hasattr(x, "shape") or (
+        isinstance(x, (list, tuple, dict))
+        and all(hasattr(v, "shape") for v in (x.values() if isinstance(x, dict) else x))
+    )
 
 
 def _epoch_tracker(step: GuardedStep, tf_keras: bool = False) -> Any:
