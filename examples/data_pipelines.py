@@ -125,3 +125,15 @@ if __name__ == "__main__":
         print(f"{name}: {result.samples_per_second:.1f} samples/s")
         for finding in result.findings:
             print(f"  {finding.kind}: {finding.fix}")
+
+
+def waiting_dataset() -> tf.data.Dataset:
+    """Batches that each wait 50 ms without using the CPU, as reads from slow storage do.
+
+    `memfit data audit examples.data_pipelines:waiting_dataset --workers 0,1,2,4` shows
+    tf.data service workers lifting its rate (each worker waits on its own batches).
+    """
+    from tensorflow.python.data.experimental.ops import testing  # TensorFlow's sleep op
+
+    features = tf.data.Dataset.range(100_000).map(lambda i: tf.fill([16], tf.cast(i, tf.float32)))
+    return features.batch(8).apply(testing.sleep(50_000)).prefetch(2)

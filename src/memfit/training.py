@@ -288,7 +288,11 @@ def _arrays_dataset(
         batch_size=batch_size or 32,
         steps=steps_per_epoch,
     )
-    return adapter.get_tf_dataset(), validation_data, steps_per_epoch
+    dataset = adapter.get_tf_dataset()
+    if steps_per_epoch is None and adapter.num_batches:
+        # One service job for the fit: its epochs reshuffle as Keras' own do (see `fit`).
+        return dataset.repeat(), validation_data, adapter.num_batches
+    return dataset, validation_data, steps_per_epoch
 
 
 def _arrays(x: Any) -> bool:

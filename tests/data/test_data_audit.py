@@ -85,3 +85,21 @@ def test_cli_audit_exit_codes_and_json(files):
     )
     assert fixed.returncode == 0, fixed.stdout + fixed.stderr
     assert "no findings" in fixed.stdout
+
+
+def test_cli_audit_times_service_workers_and_names_them():
+    out = run_cli(
+        "data", "audit", "examples.data_pipelines:waiting_dataset", "--steps", "20",
+        "--workers", "0,2", "--target-steps-per-second", "30", "--json",
+    )
+    payload = json.loads(out.stdout)
+    rates = payload["service_rates"]
+    assert set(rates) == {"0", "2"}, payload
+    assert rates["0"] < 25 < rates["2"], rates  # 50 ms a batch: ~20/s, ~40/s with two
+    assert payload["service_workers"] == 2
+    bound = [f for f in payload["findings"] if f["kind"] == "input_bound"]
+    assert bound and "memfit.fit(..., data_service=2)" in bound[0]["fix"]
+    bad = run_cli("data", "audit", "examples.data_pipelines:waiting_dataset", "--workers", "1,x")
+    assert bad.returncode == 2
+    assert "'1,x' is not a list of worker counts" in bad.stderr
+    assert "Traceback" not in bad.stderr

@@ -250,3 +250,33 @@ except memfit.MemfitError as exc:
     assert "calls Python (EagerPyFunc" in result["error"]
     assert "train without data_service" in result["error"]
     assert result["left"] == 0
+
+
+def test_workers_lower_an_input_bound_runs_wait() -> None:
+    """A pipeline that sleeps 40 ms a batch (no CPU: I/O-like) feeds a step of a few ms:
+    Watch finds the run input-bound and names the workers; two workers halve the wait."""
+    result = run_isolated(
+        MODEL
+        + """
+from tensorflow.python.data.experimental.ops import testing  # a sleep op a worker can run
+
+def run(data_service):
+    model = keras.Sequential([keras.Input((16,)), keras.layers.Dense(4)])
+    model.compile("sgd", "mse")
+    ds = tf.data.Dataset.from_tensor_slices(
+        (np.ones((512, 16), "float32"), np.ones((512, 4), "float32"))).batch(8).repeat()
+    ds = ds.apply(testing.sleep(40_000)).prefetch(2)
+    watch = memfit.Watch(verbose=0)
+    memfit.fit(model, ds, steps_per_epoch=60, verbose=0, callbacks=[watch],
+               data_service=data_service)
+    found = [f for f in watch.findings if f.kind == "input_bound"]
+    return {"wait": watch.summary()["input_wait_fraction"],
+            "step": watch.summary().get("step_seconds_median"),
+            "fix": found[0].fix if found else None}
+
+emit({"local": run(None), "served": run(2)})
+""",
+    )
+    local, served = result["local"], result["served"]
+    assert local["fix"] is not None and "data_service=" in local["fix"], local
+    assert served["wait"] < 0.8 * local["wait"], result

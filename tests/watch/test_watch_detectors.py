@@ -282,6 +282,9 @@ def test_input_bound_and_retracing() -> None:
         r["input_wait_seconds"] = 0.4 * r["step_seconds"]
     found = detectors.input_bound(records, 59)
     assert found is not None and found.evidence["input_wait_fraction"] == pytest.approx(0.4)
+    # A batch takes 1/0.6 of a step's compute: two tf.data service workers keep up.
+    assert found.evidence["data_service_workers"] == 2
+    assert "memfit.fit(..., data_service=2)" in found.fix
     assert detectors.retracing(30, 5, 1, 5) is None
     found = detectors.retracing(30, 6, 1, 5, guarded=True)
     assert found is not None and "micro_batches" in found.fix  # memfit.fit's own fix

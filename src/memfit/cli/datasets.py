@@ -144,12 +144,20 @@ def _render_data_check(result: Any) -> None:
     help="When a map enlarges images, measure this model's training step at the produced "
     "and the stored image size (a .keras file, package.module:factory or a built-in).",
 )
+@click.option(
+    "--workers",
+    metavar="N,N,...",
+    callback=lambda ctx, param, value: _worker_counts(value),
+    help="Also time the pipeline read from this many local tf.data service workers "
+    "(e.g. 0,1,2,4; 0 is this process) and say how many keep up.",
+)
 @json_option
 def data_audit(
     dataset_fn: str,
     steps: int,
     target_steps_per_second: float | None,
     model: str | None,
+    workers: tuple[int, ...],
     as_json: bool,
 ) -> None:
     """Audit the tf.data pipeline a package.module:dataset_fn returns: findings and throughput.
@@ -169,9 +177,16 @@ def data_audit(
 
     with err.status("Building the dataset", spinner="dots") as status:
         dataset = call_factory(dataset_fn)  # the dataset function's tf.data.Dataset
-        status.update(f"Auditing: linting, then timing {steps} elements")
+        status.update(
+            f"Auditing: linting, then timing {steps} elements"
+            + (f" (and on {', '.join(map(str, workers))} service workers)" if workers else "")
+        )
         result = run_audit(
-            dataset, steps=steps, target_steps_per_second=target_steps_per_second, model=model
+            dataset,
+            steps=steps,
+            target_steps_per_second=target_steps_per_second,
+            model=model,
+            workers=workers,
         )
     answer(result, as_json, _render_audit, result.ok)
 
@@ -193,5 +208,40 @@ def _render_audit(result: Any) -> None:
         shapes = ", ".join("x".join(map(str, s)) for s in result.element_shapes[:4])
         stored = ", ".join(f"{k} ({v})" for k, v in list(result.stored_sizes.items())[:4])
         out.print(f"Images: the pipeline yields {shapes}; stored: {stored or 'not read'}")
+    if result.service_rates:
+        rates = ", ".join(
+            f"{n} {'(this process)' if n == 0 else 'workers'} {r:.1f}/s"
+            for n, r in sorted(result.service_rates.items())
+        )
+        goal = (
+            f"the target {result.target_steps_per_second:g}/s"
+            if result.target_steps_per_second
+            else "within 10% of the fastest"
+        )
+        enough = (
+            f"{result.service_workers} reach {goal} (memfit.fit(..., "
+            f"data_service={result.service_workers}))"
+            if result.service_workers is not None
+            else f"none reaches {goal}"
+        )
+        out.print(f"tf.data service: {rates}; {enough}")
+    if result.service_note:
+        out.print(f"tf.data service: {result.service_note}")
     verdict = "no findings" if not result.findings else f"{len(result.findings)} finding(s)"
     out.print(f"[{'green' if result.ok else 'bold red'}]{verdict}[/]")
+
+
+def _worker_counts(value: str | None) -> tuple[int, ...]:
+    """`--workers 0,1,2,4` as a tuple of counts; a bad list is a usage error."""
+    if not value:
+        return ()
+    try:
+        counts = tuple(int(part) for part in value.split(",") if part.strip())
+    except ValueError:
+        counts = (-1,)
+    if not counts or any(n < 0 or n > 64 for n in counts):
+        raise click.BadParameter(
+            f"{value!r} is not a list of worker counts (0 to 64), e.g. 0,1,2,4",
+            param_hint="'--workers'",
+        )
+    return counts

@@ -29,6 +29,7 @@ sizes) and `audit_result` (what it reports).
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from typing import Any
 
 from memfit.backend import tf as tfb
@@ -36,7 +37,7 @@ from memfit.data.audit_result import AuditFinding, AuditResult
 from memfit.data.dataset_graph import read_files
 from memfit.data.enlargement import ENLARGE_FACTOR, STORED_RECORDS, check_enlarged, stored_sizes
 from memfit.data.lint import CACHE_BYTES, LARGE_SLICES_BYTES, lint
-from memfit.data.throughput import time_pipeline
+from memfit.data.throughput import time_pipeline, time_service
 from memfit.errors import DataError
 
 __all__ = [
@@ -59,6 +60,7 @@ def audit(
     large_bytes: int = LARGE_SLICES_BYTES,
     cache_bytes: int = CACHE_BYTES,
     model: Any = None,
+    workers: Sequence[int] = (),
 ) -> AuditResult:
     """Lint a `tf.data.Dataset`'s graph and measure how fast it yields elements.
 
@@ -72,6 +74,9 @@ def audit(
         model: a Keras model or MODEL spec (`package.module:factory`, a `.keras` file): when
             a map enlarges images, a training step is measured (in a child process) at the
             produced and at the stored size, to say what the enlargement costs.
+        workers: also time the pipeline read from this many local tf.data service workers
+            (each count in fresh worker processes; 0 is this process), and say how many
+            reach `target_steps_per_second` (see `memfit.fit(..., data_service=N)`).
 
     Returns:
         An `AuditResult`; `result.ok` is False when a finding is a warning.
@@ -94,8 +99,12 @@ def audit(
     graph = tfb.dataset_graph(dataset)
     result = AuditResult(target_steps_per_second=target_steps_per_second)
     result.findings, result.ops = lint(graph, large_bytes, cache_bytes)
+    if any(int(n) < 0 for n in workers):
+        raise DataError(f"workers must be 0 or more, got {list(workers)}")
     if steps:
         time_pipeline(tf, dataset, steps, result)
+        if workers:
+            time_service(tf, dataset, steps, workers, result)
         nodes = {n.name: n for n in graph.node}
         files = [f for f in read_files(graph, nodes) if os.path.isfile(f)]
         if files and result.element_shapes:
@@ -117,7 +126,21 @@ def audit(
                     "fix the findings above ("
                     + (", ".join(others) if others else "none found")
                     + "); then parallelise further (more files, num_parallel_calls), move "
-                    "work to the accelerator, or lower the resolution",
+                    "work to the accelerator, or lower the resolution"
+                    + _service_fix(result),
                 )
             )
     return result
+
+
+def _service_fix(result: AuditResult) -> str:
+    """The input-bound fix's clause on tf.data service workers, from what was timed."""
+    if result.service_workers:
+        return (
+            f"; or read it from {result.service_workers} tf.data service workers "
+            f"(`memfit.fit(..., data_service={result.service_workers})`: "
+            f"{result.service_rates[result.service_workers]:.1f} elements/s measured)"
+        )
+    if result.service_rates:
+        return "; the tf.data service workers timed do not reach it either"
+    return "; or time it on tf.data service workers (`--workers 1,2,4`)"

@@ -45,6 +45,11 @@ class AuditResult:
         stored_sizes: `"HxW"` -> images, for the images stored in the TFRecords the
             pipeline reads (from `image/height`/`image/width`, or the encoded image).
         memory: with a model, a training step's peak at the produced and the stored size.
+        service_rates: with `workers`, elements/s read from that many local tf.data
+            service workers (0: in this process).
+        service_workers: the fewest workers that reach the target rate (without a target:
+            within 10% of the fastest); None when none does.
+        service_note: why the workers were not timed, if they were not.
     """
 
     findings: list[AuditFinding] = field(default_factory=list)
@@ -58,6 +63,9 @@ class AuditResult:
     element_shapes: list[list[int | None]] = field(default_factory=list)
     stored_sizes: dict[str, int] = field(default_factory=dict)
     memory: dict[str, Any] | None = None
+    service_rates: dict[int, float] = field(default_factory=dict)
+    service_workers: int | None = None
+    service_note: str | None = None
 
     @property
     def ok(self) -> bool:

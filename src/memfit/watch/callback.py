@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -19,6 +20,7 @@ from memfit.backend import tf as tfb
 from memfit.budget import as_budget, emulated_budget
 from memfit.errors import MemfitError
 from memfit.watch.console import WatchConsole
+from memfit.watch.emulated_input import batch_bytes, pipeline_warning
 from memfit.watch.findings import WatchFinding
 from memfit.watch.fit_checks import FitChecks, Thresholds
 from memfit.watch.header import estimate_peak_bytes, is_tf_keras, run_header
@@ -423,8 +425,17 @@ class Watch(keras.callbacks.Callback):
             guarded=self._guarded is not None,
             params=self.params,
         )
+        if step == self.warmup_steps and self._guarded is None and current is not None:
+            self._warn_pipeline(current, data)
         if len(self.steps) - self._written >= 64:
             self._flush(final=False)
+
+    def _warn_pipeline(self, current: int, data: Any) -> None:
+        """Plain `model.fit` on a CPU-emulated card: say once what its pipeline holds there."""
+        batch = batch_bytes(data) if data is not None else None
+        line = pipeline_warning(self.model, current, batch)
+        if line is not None and self.verbose:
+            print(f"memfit: warning: {line}", file=sys.stderr, flush=True)
 
     def _check_recoveries(self, step: int) -> None:
         recoveries = self._guarded.summary.recoveries
