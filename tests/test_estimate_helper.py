@@ -75,16 +75,17 @@ def test_without_a_child_the_queue_is_this_process_to_do_list() -> None:
 SAME_ROWS = """
 import time
 import memfit
-from memfit.estimation import HELPER, _helper, _variants
+import os
+from memfit.estimation import ENV_HELPER, _helper, _variants
 from memfit.estimation.helper import WhatIfQueue
 
 # Every what-if made in this process (no helper).
-HELPER.clear()
+os.environ[ENV_HELPER] = "0"
 alone = memfit.estimate("factories:small_cnn", 8, what_ifs=True, samples=0)
 rows = {row["change"]: row for row in alone.what_ifs}
 
 # The same what-ifs made by the helper process only (this process takes none).
-HELPER.append(True)
+del os.environ[ENV_HELPER]
 variants = _variants([(64, 64, 3)], None)
 queue = WhatIfQueue(_helper({"model": "factories:small_cnn", "batch_size": 8}))
 queue.add(variants)

@@ -39,10 +39,10 @@ from memfit.attribution import (
     scope_segments,
     strip_suffix,
 )
+from memfit.estimation.bfc import round_up
 from memfit.serialize import json_dict, suffixed
 from memfit.sizes import format_size
 
-GRANULE = 256  # the BFC allocator's rounding
 OTHER = "(other)"
 RESIDENT_REST = "(resident, not a variable)"
 BATCH = "(batch)"
@@ -180,10 +180,6 @@ def live_at_peak(records: Sequence[AllocationRecord]) -> LiveSet:
     return result
 
 
-def _round(nbytes: int) -> int:
-    return 0 if nbytes <= 0 else -(-nbytes // GRANULE) * GRANULE
-
-
 def writes_variable(record: AllocationRecord) -> bool:
     """Whether a chunk is a variable's new buffer (an assign op copied it on write)."""
     segments = scope_segments(record.op)
@@ -296,10 +292,10 @@ def _attribute_resident(resident: int, info: StepInfo) -> list[tuple[str, str, i
     for var in sorted(info.variables, key=lambda v: order.get(v.kind, 3)):
         if left <= 0:
             break
-        nbytes = min(_round(var.nbytes), left)
+        nbytes = min(round_up(var.nbytes), left)
         rows.append((var.layer or OTHER, var.kind, nbytes))
         left -= nbytes
-    batch = min(_round(info.batch_bytes), left) if info.batch_bytes else 0
+    batch = min(round_up(info.batch_bytes), left) if info.batch_bytes else 0
     if batch > 0:
         rows.append((BATCH, "inputs", batch))
         left -= batch
@@ -355,7 +351,7 @@ def explain_live_set(
                 "op": var.name,
                 "layer": var.layer or OTHER,
                 "kind": var.kind,
-                "bytes": _round(var.nbytes),
+                "bytes": round_up(var.nbytes),
                 "shape": var.shape,
                 "dtype": var.dtype,
             }
@@ -363,7 +359,7 @@ def explain_live_set(
     for tensor in tensors:
         layer = info.tree.layer_of(tensor.op) or OTHER
         kind = kind_of(tensor, layer, info, grad_shapes)
-        used = min(tensor.nbytes, _round(tensor.requested_bytes) or tensor.nbytes)
+        used = min(tensor.nbytes, round_up(tensor.requested_bytes) or tensor.nbytes)
         by_kind[kind] += used
         layers[layer][kind] += used
         if tensor.nbytes > used:

@@ -28,7 +28,9 @@ from memfit.errors import WorkloadError
 
 PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
 """Keras dtype policies a model can be built under."""
-REMAT_MODES = ("memfit", "larger_than", "activations", "list_of_layers", "full")
+KERAS_REMAT_MODES = ("full", "activations", "larger_than", "list_of_layers")
+"""`keras.RematScope`'s modes (the estimate replays a model built with each)."""
+REMAT_MODES = ("memfit", *KERAS_REMAT_MODES)
 """Recompute a model can be built with: memfit's own, or a `keras.RematScope` mode."""
 
 Shapes = tuple[tuple[int, ...], ...]

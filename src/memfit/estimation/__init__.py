@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import gc
+import os
 import re
 import time
 from collections import defaultdict
@@ -42,10 +43,9 @@ from memfit.search.strategy import largest_fitting, limit_bytes
 from memfit.serialize import json_dict, suffixed
 from memfit.sizes import format_size
 from memfit.workload import InputShape, Workload
+from memfit.workload_spec import KERAS_REMAT_MODES, PRECISIONS
 
 CATEGORIES = KINDS  # the breakdown's kinds, shared with `measure --explain`
-PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
-REMAT_MODES = ("full", "activations", "larger_than", "list_of_layers")
 OPTIMIZERS = ("adam", "sgd")
 
 
@@ -457,7 +457,7 @@ def estimate(
             progress,
         )
     _check_choice("precision", precision, PRECISIONS)
-    _check_choice("remat", remat, REMAT_MODES)
+    _check_choice("remat", remat, KERAS_REMAT_MODES)
     rebuild = isinstance(model, str) and not model.endswith((".keras", ".h5"))
     if (precision or remat) and not rebuild:
         raise WorkloadError(
@@ -974,7 +974,11 @@ def _helper(arguments: dict[str, Any]) -> dict[str, Any] | None:
     from memfit.backend.tf_kernels import concurrent_ops, intra_threads, schedulable_cpus
     from memfit.workload_spec import WorkloadSpec
 
-    if arguments.get("data") is not None or schedulable_cpus() < 2 or not HELPER:
+    if (
+        arguments.get("data") is not None
+        or schedulable_cpus() < 2
+        or os.environ.get(ENV_HELPER, "1") == "0"
+    ):
         return None
     try:
         spec = WorkloadSpec.from_arguments(arguments)[0].to_json()
@@ -990,8 +994,8 @@ def _helper(arguments: dict[str, Any]) -> dict[str, Any] | None:
     }
 
 
-HELPER = [True]
-"""Empty it to make every what-if in this process (the tests compare the two)."""
+ENV_HELPER = "MEMFIT_ESTIMATE_HELPER"
+"""Set to 0 to make every what-if in the estimating process (no helper process)."""
 
 
 def _not_applicable(exc: Exception) -> str:

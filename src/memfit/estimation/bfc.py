@@ -40,6 +40,12 @@ _MMAP_TOP = 1 << 62
 _REGION_SPACING = 1 << 48  # more than any region: regions never touch
 
 
+def round_up(nbytes: int) -> int:
+    """Bytes the BFC allocator hands out for a request of `nbytes` (256-byte granules; a
+    request of nothing takes nothing)."""
+    return 0 if nbytes <= 0 else -(-nbytes // GRANULE) * GRANULE
+
+
 def rounded(nbytes: int) -> int:
     """The size BFC rounds a request up to (at least one 256-byte granule)."""
     return max(GRANULE, -(-nbytes // GRANULE) * GRANULE)

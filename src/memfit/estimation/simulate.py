@@ -35,7 +35,7 @@ import random
 from collections import deque
 from typing import Any
 
-from memfit.estimation.bfc import BFC
+from memfit.estimation.bfc import BFC, GRANULE
 from memfit.estimation.order import (
     INEXPENSIVE_OPS,
     execution_events,
@@ -43,7 +43,6 @@ from memfit.estimation.order import (
     single_thread_order,
 )
 from memfit.estimation.step import (
-    GRANULE,
     Live,
     Replay,
     StepRun,

@@ -16,15 +16,8 @@ from collections import defaultdict, deque
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from memfit.estimation.bfc import BFC
+from memfit.estimation.bfc import BFC, round_up
 from memfit.estimation.order import depends_on, execution_events, graph_dependencies
-
-GRANULE = 256
-
-
-def round_up(nbytes: int) -> int:
-    """Bytes the BFC allocator hands out for a request of `nbytes` (256-byte granules)."""
-    return 0 if nbytes <= 0 else -(-nbytes // GRANULE) * GRANULE
 
 
 @dataclass

@@ -35,7 +35,6 @@ from memfit.planning.strategy import (
     MAX_CONFIRMATIONS,
     MAX_FINALISTS,
     NEAR_LIMIT,
-    PRECISIONS,
     REMAT_MODES,
     dividing_k_values,
     limit_bytes,
@@ -43,7 +42,7 @@ from memfit.planning.strategy import (
 from memfit.planning.trials import CONFIRM_OOM_GRACE
 from memfit.progress import Progress, shows_progress
 from memfit.replicas import per_replica_batch, replica_count, workload_replica_budget
-from memfit.workload_spec import WorkloadSpec
+from memfit.workload_spec import PRECISIONS, WorkloadSpec
 
 __all__ = [
     "CONFIRM_OOM_GRACE",

@@ -14,9 +14,9 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Protocol, TypeVar
 
-PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
-# "full" is left out by default: on the TF backend it raised inside Functional.call.
-# "memfit": memfit's own recompute (`memfit.recompute(model, "sqrt")`), beside Keras' modes.
+# The recompute the planner tries: none, memfit's own (`memfit.recompute(model, "sqrt")`)
+# and two of Keras' modes ("full" is left out: on the TF backend it raised inside
+# Functional.call; "list_of_layers" needs names the planner cannot choose).
 REMAT_MODES: tuple[str | None, ...] = (None, "memfit", "larger_than", "activations")
 # Finalists measured when several configurations could be the fastest; confirmations tried.
 MAX_FINALISTS = 3
