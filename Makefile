@@ -13,7 +13,7 @@ GARDEN_STAMP := $(GARDEN_VENV)/.memfit-installed
 GARDEN_PIN ?= tf-models-official==2.20.0
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 
-.PHONY: install install-garden demo test test-main test-garden lint bench bench-quick clean
+.PHONY: install install-garden demo test test-fast test-main test-garden lint bench bench-quick clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -54,6 +54,10 @@ lint: install
 # runs took 990 s of tests with 2 workers, 904 s with 3 and 858 s with 4 (181% busy).
 TEST_WORKERS ?= 4
 test: test-main test-garden
+
+# The edit-test loop: the tests that start no process (no TensorFlow child, no CLI run).
+test-fast: install lint
+	$(PY) -m pytest -q -n $(TEST_WORKERS) -m "not child" --durations=10
 
 test-main: install lint
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=15

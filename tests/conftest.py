@@ -1,11 +1,13 @@
 import os
 import sys
 
+import pytest
+
 sys.path.insert(0, os.path.dirname(__file__))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 
-# The test files that take longest, longest first (measured with `--durations=0`, 2026-11-27).
+# The test files that take longest, longest first (measured with `--durations=0`).
 # `make test` hands whole files to its workers (`--dist loadfile --no-loadscope-reorder`) in
 # collection order: started first, the long files run beside each other and the short ones
 # fill in after, instead of one long file starting last and running alone at the end.
@@ -35,9 +37,27 @@ LONGEST_FIRST = (
 )
 
 
+# A test file that starts processes (TensorFlow children, the CLI) says so with one of these;
+# its tests are marked `child`, and `make test-fast` leaves them out.
+CHILD_PROCESS_CALLS = ("run_isolated", "run_cli", "subprocess", "isolated=True", "Popen")
+_starts_children: dict[str, bool] = {}
+
+
+def _file_starts_children(path: str) -> bool:
+    if path not in _starts_children:
+        with open(path) as handle:
+            source = handle.read()
+        _starts_children[path] = any(call in source for call in CHILD_PROCESS_CALLS)
+    return _starts_children[path]
+
+
 def pytest_collection_modifyitems(items: list) -> None:
-    """Put the longest test files first, keeping the order of tests within each file."""
+    """Mark the tests of files that start processes `child`; put the longest files first,
+    keeping the order of tests within each file."""
     tests = os.path.dirname(__file__)
+    for item in items:
+        if _file_starts_children(str(item.path)):
+            item.add_marker(pytest.mark.child)
 
     def rank(item: object) -> int:
         path = os.path.relpath(str(item.path), tests).replace(os.sep, "/")

@@ -1,4 +1,4 @@
-"""The public docstring examples: collect them, and run them in a child process (issue 20).
+"""The public docstring examples: collect them, and run them in a child process.
 
 `collect()` finds the "Example:" section of every name in `memfit.__all__` and of the public
 methods and properties a public class defines itself, as `Example`s: `>>>` doctests (their

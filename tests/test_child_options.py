@@ -29,7 +29,7 @@ MOBILENET = ("keras.applications.MobileNet", "--input-shape", "32,32,3")
 # What --classes 20000 adds to MobileNet's resident bytes: the classifier's weights for 19000
 # more classes (a 1x1 convolution of 1024 inputs and a bias each), and Adam's two slots of
 # them. Large enough to stand out of the allocator's fragmentation, which moves a peak by
-# several MiB. (Measured 2026-11-27: resident bytes rose by 1.41x this, the allocator's
+# several MiB. (Measured: resident bytes rose by 1.41x this, the allocator's
 # rounding of the three 78 MB tensors; MobileNetV2's rose by 1.22x its own.)
 CLASSES = "20000"
 CLASSES_DELTA = (20000 - 1000) * (1024 + 1) * 4 * 3

@@ -1,4 +1,4 @@
-"""Every public docstring example runs, as written (issue 20).
+"""Every public docstring example runs, as written.
 
 The examples are collected from the docstrings (`docstring_examples.collect`: every name in
 `memfit.__all__` and the public methods of its classes), so a new one is covered without

@@ -49,7 +49,7 @@ def test_doctor_flags_an_emulation_that_came_too_late():
 
 
 def test_a_card_larger_than_the_host_is_one_warning_line():
-    # A new user's finding (issue 20): `--memory 999999999TiB` on a CPU was accepted without a
+    # A new user's finding: `--memory 999999999TiB` on a CPU was accepted without a
     # word about the host's RAM.
     import json
 

@@ -174,7 +174,7 @@ def test_cli_shows_the_high_bound_and_takes_samples():
     assert "threads must be INTER,INTRA" in bad.stderr
 
 
-# TensorFlow's default threading (issue 23): no thread counts set, as a user's process runs.
+# TensorFlow's default threading: no thread counts set, as a user's process runs.
 # The replay plays the thread counts TensorFlow picks on this machine; the measured peak is the
 # highest of 5 steps, as `bench/estimate_accuracy.py` measures.
 DEFAULT_THREADING = """
@@ -191,7 +191,8 @@ emit({{"measured": measured.peak_bytes, "likely": estimate.peak_bytes,
 # Its peak under default threading is one process's race: the 28.3 MB im2col scratch of a
 # `Conv2DBackpropFilter`, run beside the `Conv2DBackpropInput` of the same layer, takes a
 # free chunk of up to twice its size whole when it asks first (77.1 MB in most processes,
-# up to 90.3 MB in some under load; bench/RESULTS.md, "The estimate's range"). The bound now
+# up to 90.3 MB in some under load; bench/history/estimate_accuracy.md, "The estimate's
+# range"). The bound now
 # covers that race (`BFC.raced_peak`): 105.7 MB there, 1.37 times its usual peak, too close
 # to the ceiling below for a test that must not flake; the second model is MobileNetV2
 # (measured 122.3-127.4 MB in 10 processes under load, bound 160.8 MB).

@@ -1,8 +1,8 @@
 """The replay of a recompute step (`memfit.recompute`) against what TensorFlow runs.
 
 Measured on this machine (2 CPUs, so 2 inter-op threads by default; `memfit.measure` in
-fresh processes, 1 warm-up + 4 steps, highest; see bench/RESULTS.md, "Estimate of the
-recompute step (issue 22)"): TensorFlow frees each recomputed segment's activations before
+fresh processes, 1 warm-up + 4 steps, highest; see bench/history/recompute.md, "Estimate of
+the recompute step"): TensorFlow frees each recomputed segment's activations before
 it recomputes the next one under two inter-op threads, and holds them with one. The chain
 below measured 107.9 and 115.9 MiB with recompute, 171.9 MiB without.
 """

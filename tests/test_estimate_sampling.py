@@ -5,8 +5,8 @@ array, in the graph's node order (the same in every process), more in a hash set
 edges' addresses (an order that can change between instantiations). A sampled process
 reorders every op's consumers, wider than that: the width stands in for the threads' timing
 and the allocator histories the replay does not model, and narrowing it to the hash sets
-took the accuracy benchmark's bound below its measured peaks (bench/RESULTS.md, "A sampled
-process's orders").
+took the accuracy benchmark's bound below its measured peaks
+(bench/history/estimate_accuracy.md, "A sampled process's orders").
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ ops to the pool, so the levels' gradients made first stay live until the last le
 several inter-op threads an idle thread steals the oldest op handed to the pool: the box and
 the class head run side by side, and at the last level both heads' gradients of the other
 four levels are live (RetinaNet 192 and 320 px, default threading, TensorFlow's allocator
-profile; see bench/RESULTS.md, "Shared heads' weight gradients").
+profile; see bench/history/estimate_accuracy.md, "Shared heads' weight gradients").
 """
 
 from __future__ import annotations

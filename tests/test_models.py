@@ -94,7 +94,7 @@ _UNCOMPILED = (
 
 
 def test_uncompiled_model_says_which_optimizer_and_loss_were_used():
-    # A new user's finding (issue 20): a factory's uncompiled model was measured silently
+    # A new user's finding: a factory's uncompiled model was measured silently
     # with a loss and optimizer nobody chose. Built-ins are never compiled: no warning.
     result = run_isolated(
         _UNCOMPILED

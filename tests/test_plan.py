@@ -163,7 +163,7 @@ def test_plan_measures_only_the_finalists_and_confirms_the_fastest() -> None:
 
 
 def test_a_failed_choice_gives_way_to_the_next_fastest_not_blindly_to_more_k(monkeypatch) -> None:
-    # MobileNetV2 96 px, batch 16 under 150 MiB (2026-11-27): K=2 float32 measured 0.191 s
+    # MobileNetV2 96 px, batch 16 under 150 MiB: K=2 float32 measured 0.191 s
     # and peaked over the limit in its confirmation; recompute K=1 was measured at 0.210 s.
     # K=4 float32 (never measured) is expected slower than recompute K=1, so recompute goes
     # next; a finalist slower than the larger K waits behind it.

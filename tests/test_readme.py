@@ -28,7 +28,7 @@ def python_api_block() -> str:
 
 
 def test_python_api_block_defines_what_it_uses():
-    # The new user's NameError (issue 20): `memfit.fit(model, x, y, ...)` with no x or y.
+    # The new user's NameError: `memfit.fit(model, x, y, ...)` with no x or y.
     code = python_api_block()
     compile(code, "README.md", "exec")
     assert re.search(r"^x = ", code, re.M) and re.search(r"^y = ", code, re.M)
@@ -37,7 +37,7 @@ def test_python_api_block_defines_what_it_uses():
 @pytest.mark.slow
 def test_python_api_block_runs_and_shows_progress_in_a_terminal(tmp_path):
     # stderr is a terminal (a pty), as for a user at a shell: find_batch_size and plan show
-    # their progress by default (issue 20: ~7 minutes without a line).
+    # their progress by default (~7 minutes without a line).
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MEMFIT_", "TF_CPU_BFC"))}
     env["TF_CPP_MIN_LOG_LEVEL"] = "2"
     script = tmp_path / "python_api.py"

@@ -1,4 +1,4 @@
-"""memfit.serialize, and every result's `to_dict()` against the JSON it gave before (issue 20).
+"""memfit.serialize, and every result's `to_dict()` against the JSON it gave before.
 
 The expected dicts (serialize_expected.json) were recorded from the hand-written `to_dict`
 methods before they were built with `json_dict`; their `repr` keeps key order and tuples, so the

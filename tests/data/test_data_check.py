@@ -257,7 +257,7 @@ def test_image_size_reads_headers_without_decoding():
 
 
 def test_empty_file_and_huge_image_are_problems(tmp_path):
-    # A new user's findings (issue 20): a 0-byte .tfrecord said "no problems"; a 20000x20000
+    # A new user's findings: a 0-byte .tfrecord said "no problems"; a 20000x20000
     # PNG of 389 KB was decoded to 1.1 GiB of RAM without a word.
     empty = tmp_path / "empty.tfrecord"
     empty.write_bytes(b"")
