@@ -193,7 +193,7 @@ def _with_tests_on_path() -> dict[str, str]:
     the memfit under test (kept, not replaced: a worktree's own memfit, say)."""
     import os
 
-    tests = os.path.dirname(__file__)
+    tests = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     return {"PYTHONPATH": os.pathsep.join(p for p in (tests, os.environ.get("PYTHONPATH")) if p)}
 
 

@@ -10,7 +10,7 @@ from helpers import run_cli, run_isolated
 
 from memfit.estimation.bounds import RUN_RISE, run_rise
 
-TESTS = os.path.dirname(__file__)
+TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 CHECKS = """
 import memfit

@@ -6,7 +6,7 @@ import os
 
 from helpers import run_isolated
 
-TESTS = os.path.dirname(__file__)
+TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 ORDER = """
 import memfit

@@ -8,7 +8,7 @@ import os
 import pytest
 from helpers import run_cli, run_isolated
 
-TESTS = os.path.dirname(__file__)
+TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.mark.slow

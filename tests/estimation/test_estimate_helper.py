@@ -11,7 +11,7 @@ from helpers import run_isolated
 
 from memfit.estimation.helper import WhatIfQueue
 
-TESTS = os.path.dirname(__file__)
+TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TASKS = [(f"what-if {i}", {"index": i}) for i in range(4)]
 
 
