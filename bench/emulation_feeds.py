@@ -14,6 +14,7 @@ against the same steps fed one batch repeated. Reported: the highest step peak o
 
     python -m bench.emulation_feeds --quick          # the small conv net only
     python -m bench.emulation_feeds --out feeds.json  # conv net, MobileNetV2, RetinaNet 512 px
+    python -m bench.emulation_feeds --pinned --models convnet MobileNetV2   # one thread
 """
 
 from __future__ import annotations
@@ -55,17 +56,22 @@ CASES = [Case("convnet", 96, 8), Case("MobileNetV2", 224, 8), Case("RetinaNet", 
 CHILD = """
 import memfit  # first: the emulated card, before TensorFlow
 from bench.emulation_feeds import child
-emit(child({model!r}, {size}, {batch}, {feed!r}, {steps}, {data!r}))
+emit(child({model!r}, {size}, {batch}, {feed!r}, {steps}, {data!r}, {pinned!r}))
 """
 
 
-def child(model_name: str, size: int, batch: int, feed: str, steps: int, data: str) -> dict:
+def child(
+    model_name: str, size: int, batch: int, feed: str, steps: int, data: str, pinned: bool = False
+) -> dict:
     """In a fresh, emulated process: train 3 + `steps` steps fed by `feed`; what they held."""
     import keras
     import numpy as np
     import tensorflow as tf
 
     import memfit
+
+    if pinned:  # one inter-op thread: every step runs its ops in one order, peaks repeat
+        tf.config.threading.set_inter_op_parallelism_threads(1)
     from memfit import zoo
 
     keras.utils.set_random_seed(0)
@@ -153,13 +159,15 @@ def child(model_name: str, size: int, batch: int, feed: str, steps: int, data: s
     }
 
 
-def run_case(case: Case, feeds: tuple[str, ...], steps: int, data: str) -> dict[str, Any]:
+def run_case(
+    case: Case, feeds: tuple[str, ...], steps: int, data: str, pinned: bool = False
+) -> dict[str, Any]:
     """Each feed of `case` in a fresh process under the emulated card."""
     env = {"MEMFIT_MEMORY": BUDGET, "PYTHONPATH": ROOT}
     rows = {}
     for feed in feeds:
         code = CHILD.format(model=case.model, size=case.size, batch=case.batch, feed=feed,
-                            steps=steps, data=data)
+                            steps=steps, data=data, pinned=pinned)
         rows[feed] = run_isolated(code, env=env, timeout=3600)
         console.print(f"  {feed}: {rows[feed].get('skipped') or _summary(rows[feed])}")
     return {"case": asdict(case), "feeds": rows}
@@ -205,14 +213,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="the small conv net only")
     parser.add_argument("--steps", type=int, default=20, help="steps measured (default 20)")
     parser.add_argument("--models", nargs="+", help="only these models (names in CASES)")
+    parser.add_argument(
+        "--pinned",
+        action="store_true",
+        help="one inter-op thread (default: TensorFlow's default threading, as users run)",
+    )
     parser.add_argument("--out", metavar="PATH", help="write the results here as JSON")
     args = parser.parse_args(argv)
     cases = CASES[:1] if args.quick else CASES
     if args.models:
         cases = [c for c in CASES if c.model in args.models]
     report: dict[str, Any] = {
-        "machine": describe(f"CPU BFC capped at {BUDGET} (memfit emulation), default threads"),
+        "machine": describe(
+            f"CPU BFC capped at {BUDGET} (memfit emulation), "
+            + ("1 inter-op thread" if args.pinned else "default threads")
+        ),
         "steps": args.steps,
+        "pinned": args.pinned,
         "cases": [],
     }
     started = time.perf_counter()
@@ -224,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
                 write_dataset(data, count=64, shards=2, image_size=(case.size, case.size),
                               num_classes=20)
             console.print(f"{case.model} {case.size} px b{case.batch}")
-            report["cases"].append(run_case(case, FEEDS, args.steps, data))
+            report["cases"].append(run_case(case, FEEDS, args.steps, data, args.pinned))
             if args.out:
                 with open(args.out, "w") as handle:
                     json.dump(report, handle, indent=2)
