@@ -255,8 +255,11 @@ def _data_service(model: Any, dataset: Any, data_service: Any) -> DataService | 
     default = tfb.import_tf().distribute.get_strategy()
     if type(getattr(model, "distribute_strategy", default)) is not type(default):
         return None  # a strategy distributes the dataset itself, shard by shard
-    if dataset is not None and python_ops_in(dataset):
-        return None  # elements made by Python already live outside the emulated card
+    try:
+        if dataset is not None and python_ops_in(dataset):
+            return None  # elements made by Python already live outside the emulated card
+    except Exception:  # noqa: BLE001 - a graph that cannot be serialised is not served
+        return None
     return DataService(workers=1, verbose=True)
 
 
