@@ -378,7 +378,7 @@ x = np.zeros((8, 16, 16, 3), "float32"); y = np.zeros((8, 4), "float32")
 out = {}
 def attempt(name, model, p):
     try:
-        h = memfit.fit(model, x, y, batch_size=8, verbose=0, micro_batches=p)
+        h = memfit.fit(model, x, y, batch_size=8, verbose=0, plan=p)
         out[name] = {"micro_batches": list(h.memfit.micro_batches.values())}
     except memfit.MemfitError as exc:
         out[name] = {"error": str(exc)}
@@ -392,6 +392,15 @@ for p in (plan("mixed_float16"), plan("float32", "larger_than")):
 with plan("mixed_bfloat16").build_scope():
     mixed = build()
 attempt("float32_plan_mixed_model", mixed, plan("float32"))
+# The old spelling, a plan as micro_batches: still followed, with a DeprecationWarning.
+import warnings
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    h = memfit.fit(build(), x, y, batch_size=8, verbose=0, micro_batches=plan("float32"))
+out["deprecated"] = {
+    "micro_batches": list(h.memfit.micro_batches.values()),
+    "warned": [str(w.message) for w in caught if issubclass(w.category, DeprecationWarning)],
+}
 emit(out)
 """,
     )
@@ -407,3 +416,5 @@ emit(out)
     assert result["built_for_mixed_float16_None"] == {"micro_batches": [2]}
     assert result["built_for_float32_larger_than"] == {"micro_batches": [2]}
     assert result["policy_after_mixed_float16"] == "float32"
+    assert result["deprecated"]["micro_batches"] == [2]
+    assert any("pass the plan as plan=plan" in m for m in result["deprecated"]["warned"])

@@ -493,8 +493,6 @@ def test_estimate_has_a_recompute_row_below_the_plain_step() -> None:
 
 def test_fit_follows_a_plan_for_memfits_recompute() -> None:
     """A plan whose remat is "memfit" needs no rebuild: memfit.fit segments the forward."""
-    import types
-
     import keras
 
     calls: list[str] = []
@@ -509,13 +507,16 @@ def test_fit_follows_a_plan_for_memfits_recompute() -> None:
     h = Counting(name="count")(h)
     model = keras.Model(inputs, keras.layers.Dense(1, name="d1")(keras.layers.Dense(8)(h)))
     model.compile(optimizer="sgd", loss="mse")
-    plan = types.SimpleNamespace(precision="float32", remat="memfit", micro_batches=1)
+    plan = memfit.Plan(
+        batch_size=8, micro_batches=1, micro_batch_size=8, precision="float32", remat="memfit",
+        peak_bytes=None, step_seconds=None, budget=memfit.Budget.from_size("1GiB"), margin=0.05,
+    )
     x, y = np.ones((8, 8), "float32"), np.zeros((8, 1), "float32")
     calls.clear()
-    memfit.fit(model, x, y, batch_size=8, epochs=1, verbose=0, micro_batches=plan)
+    memfit.fit(model, x, y, batch_size=8, epochs=1, verbose=0, plan=plan)
     assert calls.count("count") == 2  # traced in the forward and again in backward
     with pytest.raises(memfit.MemfitError, match="memfit's recompute"):
         with keras.RematScope(mode="activations"):
             other = keras.Sequential([keras.Input((8,)), keras.layers.Dense(1)])
         other.compile(optimizer="sgd", loss="mse")
-        memfit.fit(other, x, y, batch_size=8, verbose=0, micro_batches=plan)
+        memfit.fit(other, x, y, batch_size=8, verbose=0, plan=plan)

@@ -85,7 +85,7 @@ def check_plan(model: Any, plan: Any) -> None:
         plan = memfit.plan("mypkg.models:build", 256, "T4")
         with plan.build_scope():                   # the plan's precision and recompute
             model = mypkg.models.build()
-        memfit.fit(model, x, y, batch_size=256, micro_batches=plan)
+        memfit.fit(model, x, y, batch_size=256, plan=plan)
         ```
     """
     precision = model_precision(model)

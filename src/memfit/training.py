@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -29,6 +30,8 @@ from memfit.distributed import fix_keras_multi_worker_build
 from memfit.errors import DataError, MemfitError
 from memfit.guarded_step import GuardedStep, check_trainable_model
 from memfit.plan_check import check_plan
+from memfit.planning.candidates import Plan
+from memfit.recomputation import remat_recompute
 from memfit.recovery import Recovery
 
 
@@ -51,7 +54,7 @@ def fit(
     validation_batch_size: int | None = None,
     validation_freq: int = 1,
     *,
-    micro_batches: int | Any = None,
+    micro_batches: int | None = None,
     guard_update: bool | str = "auto",
     on_recovery: Callable[[Recovery], None] | None = None,
     budget: Any = None,
@@ -60,6 +63,7 @@ def fit(
     save_freq: str | int = "epoch",
     keep_backup: bool = False,
     data_service: Any = "auto",
+    plan: Any = None,
 ) -> Any:
     """`model.fit` that trains at the batch you ask for and survives out-of-memory errors.
 
@@ -81,10 +85,8 @@ def fit(
             Keras), and they are the effective batches; a `batch_size` larger than them
             re-batches the dataset to it, a smaller one is an error. A dataset that repeats
             for ever needs `steps_per_epoch` (else its first epoch would never end).
-        micro_batches: K to start with (an int, or a `memfit.Plan`); default 1 — memfit
-            splits only when a step runs out of memory. A plan holds only for a model built
-            with its precision and recompute (`Plan.build_scope()`); any other model is
-            refused with a `MemfitError` that says how to build it (see `check_plan`).
+        micro_batches: K to start with; default 1 — memfit splits only when a step runs
+            out of memory.
         guard_update: see `GuardedStep` (default `"auto"`).
         on_recovery: called with each `Recovery` as it happens.
         budget: the budget to train in (default: the emulated one, else the device's); it
@@ -106,6 +108,11 @@ def fit(
             worker under a CPU-emulated card, where the pipeline's buffers would otherwise
             count against the card (a GPU keeps them in host memory); none elsewhere, and
             none for a pipeline that calls Python (`from_generator`, `tf.py_function`).
+        plan: a `memfit.Plan` (from `memfit.plan`) to train by: its K, and its recompute. A
+            plan holds only for a model built with its precision and recompute
+            (`Plan.build_scope()`); any other model is refused with a `MemfitError` that says
+            how to build it (see `check_plan`). (A plan passed as `micro_batches` still
+            works, with a `DeprecationWarning`.)
 
     Returns:
         The `keras.callbacks.History`, with `history.memfit` added.
@@ -173,13 +180,23 @@ def fit(
     # Elements that come from outside TensorFlow's allocator (tf.data service, a generator)
     # are copied onto an emulated card for the step, as a GPU copies the batch it reads.
     outside = service is not None or not (isinstance(x, tf.data.Dataset) or _arrays(x))
-    if hasattr(micro_batches, "precision") and hasattr(micro_batches, "remat"):
-        check_plan(model, micro_batches)
-        from memfit.recomputation import remat_recompute
-
+    if isinstance(micro_batches, Plan):
+        warnings.warn(
+            "memfit.fit(micro_batches=plan) is deprecated: pass the plan as plan=plan",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        plan, micro_batches = micro_batches, None
+    if plan is not None:
+        if not isinstance(plan, Plan):
+            raise MemfitError(
+                f"plan= takes a memfit.Plan (from memfit.plan), got {type(plan).__name__}"
+            )
+        check_plan(model, plan)
         # A plan for memfit's recompute wraps the model's forward: no rebuild needed.
-        recompute = recompute or remat_recompute(micro_batches.remat)
-    k = getattr(micro_batches, "micro_batches", micro_batches) or 1
+        recompute = recompute or remat_recompute(plan.remat)
+        micro_batches = micro_batches or plan.micro_batches
+    k = micro_batches or 1
     step = GuardedStep(
         model,
         micro_batches=k,

@@ -154,7 +154,7 @@ def plan(
 
     Returns:
         A `Plan`; build the model in `plan.build_scope()` and pass the plan to
-        `memfit.fit(..., micro_batches=plan)`.
+        `memfit.fit(..., plan=plan)`.
 
     Example:
         ```python

@@ -131,14 +131,14 @@ class Plan:
 
         Sets the Keras dtype policy to `precision` (restored afterwards) and enters a
         `keras.RematScope` of the `remat` mode, so that `memfit.fit(model, ...,
-        micro_batches=plan)` accepts the model built here.
+        plan=plan)` accepts the model built here.
 
         Example:
             ```python
             plan = memfit.plan("mypkg.models:build", 256, "T4")
             with plan.build_scope():
                 model = mypkg.models.build()
-            memfit.fit(model, x, y, batch_size=256, micro_batches=plan)
+            memfit.fit(model, x, y, batch_size=256, plan=plan)
             ```
         """
         from memfit.backend import tf as tfb
