@@ -303,6 +303,9 @@ def confirm_plan(
             micro_batches=int(micro_batches),
             on_recovery=stop,
             recompute=remat_recompute(spec.remat),
+            # One batch, already on the card: nothing to serve (a worker would only add a
+            # process and count the batch twice).
+            data_service=None,
         )
     except _Recovered:
         pass

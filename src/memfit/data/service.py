@@ -23,12 +23,14 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import gc
 import os
 import signal
 import socket
 import subprocess
 import sys
 import threading
+import traceback
 from collections.abc import Iterator
 from typing import Any
 from urllib.parse import urlparse
@@ -296,8 +298,15 @@ def serving(service: DataService | None) -> Iterator[DataService | None]:
     service.start()
     try:
         yield service
+    except BaseException as exc:
+        # The frames of the traceback hold the reader (Keras' iterator): freed here, while
+        # the workers and the dispatcher still answer, its client ends at once instead of
+        # calling a stopped service at exit. The traceback's lines stay.
+        traceback.clear_frames(exc.__traceback__)
+        raise
     finally:
         if owned:
+            gc.collect()  # the reader goes before the service it reads from
             service.close()
 
 
