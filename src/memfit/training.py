@@ -174,8 +174,9 @@ def fit(
             validation_split, shuffle = 0.0, False  # both done in the dataset
     elif data_service not in ("auto", None, 0):
         raise DataError(
-            "data_service runs a tf.data.Dataset's pipeline (or Keras' pipeline for arrays); "
-            "pass the input as a tf.data.Dataset or arrays, or leave data_service out"
+            "data_service runs a tf.data.Dataset's pipeline, or Keras' pipeline for arrays "
+            "(not with backup_dir or a tf_keras model); pass the input as a tf.data.Dataset, "
+            "or leave data_service out"
         )
     # Elements that come from outside TensorFlow's allocator (tf.data service, a generator)
     # are copied onto an emulated card for the step, as a GPU copies the batch it reads.
