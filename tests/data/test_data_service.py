@@ -166,6 +166,9 @@ def test_workers_end_with_an_exception_and_with_ctrl_c(tmp_path) -> None:
         """
         import faulthandler
         faulthandler.register(signal.SIGUSR1, all_threads=True)  # stacks, should it hang
+        # Ctrl-C as in a terminal: a job started in the background (CI) inherits SIGINT
+        # ignored, and Python then installs no KeyboardInterrupt for it.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         class Stop(keras.callbacks.Callback):
             def on_train_batch_end(self, batch, logs=None):
                 if batch == 2:
