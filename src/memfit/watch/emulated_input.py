@@ -29,14 +29,7 @@ def variable_bytes(model: Any) -> int:
     seen: dict[int, int] = {}
     optimizer = getattr(model, "optimizer", None)
     for variable in [*getattr(model, "variables", []), *getattr(optimizer, "variables", [])]:
-        shape = getattr(variable, "shape", None)
-        dtype = getattr(variable, "dtype", None)
-        if shape is None or dtype is None:
-            continue
-        size = 1
-        for dim in shape:
-            size *= int(dim or 0)
-        seen[id(variable)] = size * _itemsize(dtype)
+        seen[id(variable)] = _nbytes(variable)
     return sum(seen.values())
 
 
@@ -70,16 +63,18 @@ def batch_bytes(data: Any) -> int | None:
     """Bytes of a batch's tensors and arrays (None when it has none)."""
     from memfit.backend.tf import import_tf  # the batch is TensorFlow's: it is imported
 
-    total = 0
-    for leaf in import_tf().nest.flatten(data):
-        shape, dtype = getattr(leaf, "shape", None), getattr(leaf, "dtype", None)
-        if shape is None or dtype is None:
-            continue
-        size = 1
-        for dim in shape:
-            size *= int(dim or 0)
-        total += size * _itemsize(dtype)
-    return total or None
+    return sum(_nbytes(leaf) for leaf in import_tf().nest.flatten(data)) or None
+
+
+def _nbytes(value: Any) -> int:
+    """Bytes of a tensor, array or variable from its shape and dtype (0 without them)."""
+    shape, dtype = getattr(value, "shape", None), getattr(value, "dtype", None)
+    if shape is None or dtype is None:
+        return 0
+    size = 1
+    for dim in shape:
+        size *= int(dim or 0)
+    return size * _itemsize(dtype)
 
 
 def _itemsize(dtype: Any) -> int:
