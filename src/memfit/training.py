@@ -163,13 +163,17 @@ def fit(
             x, steps_per_epoch = x.repeat(), batches
     elif _arrays(x) and backup_dir is None and not tf_keras:
         service = _data_service(model, None, data_service)
-        if service is not None:
+        try:
             # Keras' own pipeline for the arrays (its shuffling, class and sample weights),
             # served; the validation split is taken first, as Keras takes it.
-            x, validation_data, steps_per_epoch = _arrays_dataset(
+            served = service and _arrays_dataset(
                 x, y, sample_weight, batch_size, shuffle, class_weight, steps_per_epoch,
                 validation_split, validation_data,
             )
+        except ImportError:  # a Keras that moved its (private) adapter: arrays stay here
+            served = service = None
+        if served:
+            x, validation_data, steps_per_epoch = served
             y = sample_weight = class_weight = batch_size = None
             validation_split, shuffle = 0.0, False  # both done in the dataset
     elif data_service not in ("auto", None, 0):
