@@ -163,7 +163,7 @@ def run_memfit(method: str, case: Case, budget: Any, seen: dict[int, list[bool]]
     model: Any = case.spec
     data: Any = case.data
     if in_process:
-        from memfit.models import call_factory
+        from memfit.workload.models import call_factory
 
         model = memfit.load_model(case.spec, input_shape=case.input_shape)
         data = call_factory(case.data) if case.data else None
@@ -199,7 +199,7 @@ def run_in_process(
     method: str, case: Case, budget: Any, seen: dict[int, list[bool]]
 ) -> dict[str, Any]:
     """One whole baseline search in one fresh child process (`bench.trials.search_child`)."""
-    from memfit._runner import run_in_child
+    from memfit.process.runner import run_in_child
 
     start = time.perf_counter()
     result = run_in_child(
@@ -435,7 +435,7 @@ def bench_case(
     confirmations: int = CONFIRMATIONS,
 ) -> dict[str, Any]:
     """Run every method on one case, check every answer, find the maxima."""
-    from memfit.budget import Budget
+    from memfit.budget.budget import Budget
 
     budget = Budget.from_size(case.budget)
     console.rule(f"{name} under {case.budget}")

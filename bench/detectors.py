@@ -384,8 +384,8 @@ def _child(family: Family, function: str, kwargs: dict[str, Any], budget: str) -
     """`run_in_child` with the family's interpreter (the garden's own for a Model Garden task)."""
     code = (
         "import json, sys\n"
-        "from memfit._runner import run_in_child\n"
-        "from memfit.budget import Budget\n"
+        "from memfit.process.runner import run_in_child\n"
+        "from memfit.budget.budget import Budget\n"
         "job = json.load(sys.stdin)\n"
         "result = run_in_child(job['function'], job['kwargs'], budget=Budget.from_size("
         "job['budget']), env={'PYTHONPATH': job['path']}, oom_grace=1e9)\n"

@@ -123,8 +123,8 @@ THREADINGS = {"default": (0, 0), "pinned": (1, 2)}
 CHILD = """
 import memfit, keras, numpy as np
 from memfit.backend import tf as tfb
-from memfit.workload import Workload
-from memfit.measuring import measure_workload
+from memfit.workload.workload import Workload
+from memfit.measuring.measurer import measure_workload
 tf = tfb.import_tf()
 if {inter}:
     tf.config.threading.set_inter_op_parallelism_threads({inter})

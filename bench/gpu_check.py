@@ -76,7 +76,7 @@ def measure_side(card: str, models: dict[str, list[Any]]) -> dict[str, Any]:
         >>> measure_side("T4", {"MobileNetV2": spec})  # doctest: +SKIP
     """
     import memfit
-    from memfit.budget import emulated_budget
+    from memfit.budget.budget import emulated_budget
 
     if emulated_budget() is not None:
         budget = emulated_budget()
@@ -157,8 +157,8 @@ def _env(side: str) -> dict[str, str]:
 
 
 def _budget(card: str) -> Any:
-    from memfit.budget import Budget
-    from memfit.cards import CARDS
+    from memfit.budget.budget import Budget
+    from memfit.budget.cards import CARDS
 
     return Budget.from_card(card) if card in CARDS else Budget.from_size(card)
 
@@ -179,8 +179,8 @@ def run_batch(side: str, timeout: float) -> dict[str, Any]:
         The CLI's `batch_size`, its trials and wall time, its JSON keys that say how the
         answer was confirmed (when it has any), and `trains` (the check's outcome).
     """
-    from memfit._runner import run_in_child
-    from memfit.budget import Budget
+    from memfit.budget.budget import Budget
+    from memfit.process.runner import run_in_child
 
     started = time.perf_counter()
     command = [
@@ -239,8 +239,8 @@ def run_batch(side: str, timeout: float) -> dict[str, Any]:
 
 def run_side(side: str, card: str, models: dict[str, list[Any]], deadline: float) -> dict[str, Any]:
     """Every step of the check on one side, each in a child process, before `deadline`."""
-    from memfit._runner import run_in_child
-    from memfit.budget import Budget
+    from memfit.budget.budget import Budget
+    from memfit.process.runner import run_in_child
 
     def left() -> float:
         return max(10.0, deadline - time.monotonic())
@@ -409,7 +409,7 @@ def main(argv: list[str] | None = None) -> int:
         help="run only the CPU side (works without a GPU, to try the script)",
     )
     args = parser.parse_args(argv)
-    from memfit.devices import nvml_gpus
+    from memfit.budget.devices import nvml_gpus
 
     gpus, problem = nvml_gpus()
     if not gpus and not args.cpu_only:

@@ -63,8 +63,8 @@ CHILD = """
 import sys, time, contextlib, keras
 sys.path.insert(0, {root!r})
 from memfit.backend import tf as tfb, tf_grappler, tf_trace
-from memfit.workload import Workload
-from memfit.recomputation import as_recompute
+from memfit.workload.workload import Workload
+from memfit.recomputation.remat import as_recompute
 from bench.grappler_config import changed_config
 tf = tfb.import_tf()
 name, side, batch, variant = {case!r}

@@ -53,7 +53,7 @@ _BUILD = """
 import sys
 sys.path.insert(0, ROOT)
 import memfit, keras
-from memfit.workload import Workload
+from memfit.workload.workload import Workload
 name, side, batch, steps = NAME, SIDE, BATCH, STEPS
 if name == "RetinaNet":
     from bench import models

@@ -73,7 +73,7 @@ try:
     if ESTIMATE and variant in ("plain", "sqrt"):
         from memfit.estimation import estimate_workload
         from memfit.estimation.bounds import SAMPLES
-        from memfit.workload import Workload
+        from memfit.workload.workload import Workload
         workload = Workload(model, data=data)
         # As `memfit estimate` does: the likely peak with the high bound's samples.
         est = estimate_workload(workload, batch, recompute=recompute, samples=SAMPLES)

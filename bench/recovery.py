@@ -92,8 +92,8 @@ def bench_recovery() -> dict[str, Any]:
     the recovery run's first large-image step minus the control run's (it includes the failed
     attempt and the allocator's own wait before it reports the OOM).
     """
-    from memfit._runner import run_in_child
-    from memfit.budget import Budget
+    from memfit.budget.budget import Budget
+    from memfit.process.runner import run_in_child
 
     small, big, batch, steps, epochs = 96, 192, 16, 4, 2
     console.rule(f"Recovery: MobileNetV2, {small}px then {big}px shards, batch {batch}")
@@ -180,9 +180,9 @@ def bench_planner(
     name: str, case: PlanCase, precisions: list[str], remats: list[str | None], ks: list[int]
 ) -> dict[str, Any]:
     import memfit
-    from memfit.isolate import measure_in_child
+    from memfit.measuring.isolate import measure_in_child
     from memfit.planning import DEFAULT_MARGIN
-    from memfit.workload_spec import WorkloadSpec
+    from memfit.workload.spec import WorkloadSpec
 
     console.rule(f"Planner: {name}, batch {case.batch} under {case.budget}")
     budget = memfit.Budget.from_size(case.budget)

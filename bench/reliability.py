@@ -573,8 +573,8 @@ def part_sigterm(sizes: Sizes, seed: int) -> dict[str, Any]:
     """Run 2: one run, SIGTERM at `preemptions` random updates, each resumed."""
     import numpy as np
 
-    from memfit.checkpoint import BACKUP_FILE, read_checkpoint
-    from memfit.preemption import PREEMPTED_EXIT_CODE
+    from memfit.training.checkpoint import BACKUP_FILE, read_checkpoint
+    from memfit.training.preemption import PREEMPTED_EXIT_CODE
 
     started = time.perf_counter()
     total = sizes.train_epochs * TRAIN_BATCHES
@@ -667,7 +667,7 @@ def part_kill9(sizes: Sizes, seed: int) -> dict[str, Any]:
     """Run 3: one run, `kill -9` in the middle of `kills` checkpoint writes, each resumed."""
     import numpy as np
 
-    from memfit.checkpoint import BACKUP_FILE, read_checkpoint
+    from memfit.training.checkpoint import BACKUP_FILE, read_checkpoint
 
     started = time.perf_counter()
     total = sizes.train_epochs * TRAIN_BATCHES

@@ -64,7 +64,7 @@ QUICK = [Case("MobileNetV2", 96, 8), Case("UNet", 128, 4)]
 CHILD = """
 import memfit, keras
 from memfit.backend import tf as tfb
-from memfit.workload import Workload
+from memfit.workload.workload import Workload
 tf = tfb.import_tf()
 from bench.models import accuracy_model
 name, size, batch, steps = {name!r}, {size}, {batch}, {steps}

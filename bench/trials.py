@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from memfit.budget import Budget
+from memfit.budget.budget import Budget
 from memfit.errors import MeasurementError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -30,8 +30,8 @@ def train_steps(
     on a GPU, where tf.data's buffers live in host memory.
     """
     from memfit.backend import tf as tfb
-    from memfit.models import call_factory, load_model
-    from memfit.workload import Workload
+    from memfit.workload.models import call_factory, load_model
+    from memfit.workload.workload import Workload
 
     model = load_model(spec, input_shape=tuple(input_shape) if input_shape else None)
     dataset = call_factory(data) if data else None
@@ -72,14 +72,14 @@ def fit_steps(
         wall time), `{"oom": True}` when the fit ran out of memory.
 
     Example:
-        >>> from memfit._runner import run_in_child  # doctest: +SKIP
+        >>> from memfit.process.runner import run_in_child  # doctest: +SKIP
         >>> run_in_child(FIT_STEPS, {"spec": "keras.applications.MobileNetV2", "batch_size": 8,
         ...     "steps": 20, "input_shape": [96, 96, 3], "data": None})  # doctest: +SKIP
         {'oom': False, 'seconds': 9.1, 'steps': 20}
     """
     from memfit.backend import tf as tfb
-    from memfit.models import call_factory, load_model
-    from memfit.workload import Workload
+    from memfit.workload.models import call_factory, load_model
+    from memfit.workload.workload import Workload
 
     model = load_model(spec, input_shape=tuple(input_shape) if input_shape else None)
     dataset = call_factory(data) if data else None
@@ -131,9 +131,9 @@ def search_child(
 
     from bench.baselines import binsearch_scaling, find_executable_batch_size, power_scaling
     from memfit.backend import tf as tfb
-    from memfit.budget import emulated_budget
-    from memfit.models import call_factory, load_model
-    from memfit.workload import Workload
+    from memfit.budget.budget import emulated_budget
+    from memfit.workload.models import call_factory, load_model
+    from memfit.workload.workload import Workload
 
     budget = emulated_budget()
     model = load_model(spec, input_shape=tuple(input_shape) if input_shape else None)
@@ -265,7 +265,7 @@ class ChildTrials:
         self.function = function
 
     def __call__(self, batch_size: int) -> bool:
-        from memfit._runner import run_in_child
+        from memfit.process.runner import run_in_child
 
         start = time.perf_counter()
         note = ""

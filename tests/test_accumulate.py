@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from memfit.accumulate import AccumulatingStep, _unpack
 from memfit.errors import MemfitError
+from memfit.workload.accumulate import AccumulatingStep, _unpack
 
 keras = tf.keras
 

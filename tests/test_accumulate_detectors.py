@@ -23,7 +23,7 @@ ENV = {"PYTHONPATH": os.pathsep.join([SRC, TESTS])}
 GRADIENTS = """
 import keras
 import numpy as np
-from memfit.accumulate import AccumulatingStep
+from memfit.workload.accumulate import AccumulatingStep
 
 def freeze_batchnorm(model):
     for layer in model._flatten_layers():

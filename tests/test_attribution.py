@@ -1,8 +1,8 @@
-"""`memfit.attribution.LayerTree`: resolving op names to layers (walks kept per scope)."""
+"""`memfit.backend.attribution.LayerTree`: resolving op names to layers (walks kept per scope)."""
 
 from __future__ import annotations
 
-from memfit.attribution import LayerTree
+from memfit.backend.attribution import LayerTree
 
 
 def test_each_strip_policy_resolves_its_own_way_whatever_was_resolved_before():

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 from helpers import run_isolated
 
-from memfit.checkpoint import BACKUP_FILE, read_checkpoint
-from memfit.preemption import PREEMPTED_EXIT_CODE
+from memfit.training.checkpoint import BACKUP_FILE, read_checkpoint
+from memfit.training.preemption import PREEMPTED_EXIT_CODE
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 
@@ -212,7 +212,7 @@ import os, sys
 sys.path.insert(0, {TESTS!r})
 import memfit, keras, numpy as np, tensorflow as tf
 import factories
-from memfit.checkpoint import BACKUP_FILE
+from memfit.training.checkpoint import BACKUP_FILE
 tmp = {str(tmp_path)!r}
 x = np.zeros((16, 64, 64, 3), "float32"); y = np.zeros(16, "int64")
 model = factories.small_cnn()
@@ -231,7 +231,7 @@ ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(8)
 attempt("infinite", model, ds.repeat(), backup_dir=tmp + "/b")
 # A checkpoint of small_cnn, then another model on the same backup_dir.
 import signal
-from memfit.checkpoint import read_checkpoint
+from memfit.training.checkpoint import read_checkpoint
 memfit.fit(model, x, y, batch_size=8, backup_dir=tmp + "/b", keep_backup=True, verbose=0)
 errors["handler_after"] = signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
 errors["kept"] = read_checkpoint(tmp + "/b").reason

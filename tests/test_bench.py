@@ -226,7 +226,7 @@ def test_summarise_and_table() -> None:
 @pytest.mark.slow
 def test_fit_steps_trains_a_small_batch_and_runs_out_of_memory_on_a_large_one() -> None:
     from bench.trials import FIT_STEPS, ChildTrials
-    from memfit.budget import Budget
+    from memfit.budget.budget import Budget
 
     seen: dict[int, list[bool]] = {}
     check = ChildTrials(
@@ -241,7 +241,7 @@ def test_fit_steps_trains_a_small_batch_and_runs_out_of_memory_on_a_large_one() 
 
 # -- gpu_check -------------------------------------------------------------------------------
 def test_gpu_check_without_a_gpu_says_so_and_exits_0(tmp_path: os.PathLike[str]) -> None:
-    from memfit.devices import nvml_gpus
+    from memfit.budget.devices import nvml_gpus
 
     if nvml_gpus()[0]:
         pytest.skip("this machine has an NVIDIA GPU")
@@ -418,7 +418,7 @@ def test_reliability_arguments_rows_table_and_json(monkeypatch: pytest.MonkeyPat
 def test_unet_is_a_segmenter_trained_on_integer_masks() -> None:
     """The holdout's U-Net: per-pixel softmax, and memfit synthesises `(b, h, w)` masks."""
     from bench.models import accuracy_model
-    from memfit.workload import Workload
+    from memfit.workload.workload import Workload
 
     model, data = accuracy_model("UNet", 32, 2, None)
     assert data is None and tuple(model.output.shape) == (None, 32, 32, 4)

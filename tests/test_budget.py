@@ -2,7 +2,7 @@ import psutil
 import pytest
 
 from memfit import Budget, MemfitError
-from memfit.budget import as_budget, resolve_budget
+from memfit.budget.budget import as_budget, resolve_budget
 
 
 def test_from_size_is_exact():

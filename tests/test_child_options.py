@@ -17,9 +17,13 @@ from typing import Any
 import pytest
 from helpers import run_cli, run_isolated
 
-from memfit import _child
-from memfit.budget import Budget
-from memfit.workload_spec import WorkloadSpec
+from memfit.budget.budget import Budget
+from memfit.estimation.child import open_what_if_estimator  # noqa: F401 - named below
+from memfit.measuring.child import measure_spec, open_measurer
+from memfit.planning.child import open_estimator
+from memfit.process.runner import entry_name
+from memfit.training.child import confirm_plan
+from memfit.workload.spec import WorkloadSpec
 
 TESTS = os.path.dirname(__file__)
 ENV = {"PYTHONPATH": TESTS}
@@ -82,30 +86,33 @@ class _Sent(Exception):
 def sent(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, dict[str, Any]]]:
     """What would start a child process: `(function, kwargs)`, read back from JSON as the
     child reads its job, and checked to bind to the child's function. Nothing starts."""
-    import memfit._runner
-    import memfit.isolate
+    import memfit.measuring.isolate
+    import memfit.planning.trials
+    import memfit.search.trials
 
-    calls: list[tuple[str, dict[str, Any]]] = []
+    calls: list[tuple[Any, dict[str, Any]]] = []
 
-    def record(function: str, kwargs: dict[str, Any]) -> None:
+    def record(function: Any, kwargs: dict[str, Any]) -> None:
+        entry_name(function)  # a child could import it
         kwargs = json.loads(json.dumps(kwargs))
-        inspect.signature(getattr(_child, function.partition(":")[2])).bind(**kwargs)
+        inspect.signature(function).bind(**kwargs)
         calls.append((function, kwargs))
 
-    def run_in_child(function: str, kwargs: dict[str, Any], **_options: Any) -> Any:
+    def run_in_child(function: Any, kwargs: dict[str, Any], **_options: Any) -> Any:
         record(function, kwargs)
-        if function.endswith(":dataset_size"):
+        if function.__name__ == "dataset_size":
             return 40
         raise _Sent
 
     class ChildWorker:
-        def __init__(self, function: str, kwargs: dict[str, Any], **_options: Any) -> None:
+        def __init__(self, function: Any, kwargs: dict[str, Any], **_options: Any) -> None:
             record(function, kwargs)
             raise _Sent
 
-    monkeypatch.setattr(memfit.isolate, "run_in_child", run_in_child)
-    monkeypatch.setattr(memfit._runner, "run_in_child", run_in_child)
-    monkeypatch.setattr(memfit._runner, "ChildWorker", ChildWorker)
+    monkeypatch.setattr(memfit.measuring.isolate, "run_in_child", run_in_child)
+    for trials in (memfit.search.trials, memfit.planning.trials):
+        monkeypatch.setattr(trials, "run_in_child", run_in_child)
+        monkeypatch.setattr(trials, "ChildWorker", ChildWorker)
     return calls
 
 
@@ -121,34 +128,34 @@ def test_the_cli_hands_its_children_every_option(sent: list[Any]) -> None:
     runner = CliRunner()
     result = runner.invoke(cli, ["measure", *CLI_OPTIONS, "-b", "2"])
     assert isinstance(result.exception, _Sent), result.output
-    assert sent[-1][0] == "memfit._child:measure_spec"
+    assert sent[-1][0] is measure_spec
     assert _arrived(sent[-1]) == dataclasses.replace(SPEC, worst_case=False)
     plan = ["plan", *CLI_OPTIONS, "-b", "4", "--memory", "1GiB", "--precision", "mixed_float16"]
     result = runner.invoke(cli, [*plan, "--remat", "memfit"])
     assert isinstance(result.exception, _Sent), result.output
-    assert sent[-1][0] == "memfit._child:open_estimator"
+    assert sent[-1][0] is open_estimator
     assert _arrived(sent[-1]) == SPEC  # with --data, the plan uses the largest samples
 
 
 def test_search_and_plan_hand_their_children_every_option(sent: list[Any]) -> None:
-    from memfit.planning.candidates import Candidate
     from memfit.planning.trials import PlanTrials
     from memfit.search.trials import TrialRunner
+    from memfit.training.plan import Candidate
 
     with pytest.raises(_Sent):
         TrialRunner(SPEC, Budget.from_size("1GiB"), None, True)
-    assert sent[-1][0] == "memfit._child:open_measurer" and sent[-1][1]["warm_relaxed"]
+    assert sent[-1][0] is open_measurer and sent[-1][1]["warm_relaxed"]
     assert _arrived(sent[-1]) == SPEC
     trials = PlanTrials(4, Budget.from_size("1GiB"), 2**29, SPEC, 1)
     candidate = Candidate("mixed_bfloat16", "larger_than", 2, 2)
     variant = dataclasses.replace(SPEC, precision="mixed_bfloat16", remat="larger_than")
     with pytest.raises(_Sent):
         trials.measure(candidate)
-    assert sent[-1][0] == "memfit._child:measure_spec" and sent[-1][1]["micro_batches"] == 2
+    assert sent[-1][0] is measure_spec and sent[-1][1]["micro_batches"] == 2
     assert _arrived(sent[-1]) == variant
     with pytest.raises(_Sent):
         trials.confirm(candidate, 3)
-    assert sent[-1][0] == "memfit._child:confirm_plan" and sent[-1][1]["steps"] == 3
+    assert sent[-1][0] is confirm_plan and sent[-1][1]["steps"] == 3
     assert _arrived(sent[-1]) == variant
     with pytest.raises(_Sent), trials.estimator():
         pass

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from memfit import devices
-from memfit.devices import GpuInfo, GpuProcess, HostMemory
+from memfit.budget import devices
+from memfit.budget.devices import GpuInfo, GpuProcess, HostMemory
 
 Memory = namedtuple("Memory", "total used free")
 Proc = namedtuple("Proc", "pid usedGpuMemory")

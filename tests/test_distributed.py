@@ -1,4 +1,4 @@
-"""memfit.distributed: workers of MultiWorkerMirroredStrategy agree on every OOM decision.
+"""memfit.training.distributed: workers of MultiWorkerMirroredStrategy agree on every OOM decision.
 
 Real processes: two loopback workers (`distributed_worker.py`, TF_CONFIG each), each with its
 own emulated budget, and a single-worker reference of the same global batch.

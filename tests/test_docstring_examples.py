@@ -123,7 +123,8 @@ def test_a_broken_example_fails_with_its_name_and_error():
     wrong = Example("format_size", "memfit.sizes", ">>> format_size(1024)\n'2.00 KiB'")
     message = failure(wrong.name, run_example(wrong))
     assert message and "Expected:" in message and "1.00 KiB" in message
-    assert failure("get_card", run_example(Example("get_card", "memfit.cards", ">>> 1\n1"))) is None
+    passing = Example("get_card", "memfit.budget.cards", ">>> 1\n1")
+    assert failure("get_card", run_example(passing)) is None
 
 
 @pytest.mark.parametrize("name", [example_param(example) for example in EXAMPLES])

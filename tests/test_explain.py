@@ -12,8 +12,8 @@ import os
 
 from helpers import run_cli, run_isolated
 
-from memfit.attribution import AllocationRecord, LayerTree, StepInfo, VariableInfo
-from memfit.explain import (
+from memfit.backend.attribution import AllocationRecord, LayerTree, StepInfo, VariableInfo
+from memfit.measuring.explain import (
     Explanation,
     allocator_order,
     compare_with_estimate,

@@ -6,8 +6,9 @@ import time
 import pytest
 
 from memfit import Budget, MemfitError
-from memfit._runner import run_in_child
-from memfit.workload_spec import WorkloadSpec
+from memfit.measuring.child import measure_spec
+from memfit.process.runner import run_in_child
+from memfit.workload.spec import WorkloadSpec
 
 HERE = os.path.dirname(__file__)
 
@@ -39,7 +40,7 @@ def test_oom_after_a_smaller_batch_comes_back_instead_of_hanging():
 def test_child_errors_keep_their_message():
     with pytest.raises(MemfitError, match="batch size must be a whole number of at least 1"):
         run_in_child(
-            "memfit._child:measure_spec",
+            measure_spec,
             {
                 "workload": WorkloadSpec(
                     "keras.applications.MobileNetV2", input_shape=(32, 32, 3)
@@ -52,7 +53,7 @@ def test_child_errors_keep_their_message():
 
 
 def test_a_log_line_of_an_allocation_the_caller_can_do_without_is_no_oom():
-    from memfit._runner import is_oom_line
+    from memfit.process.runner import is_oom_line
 
     benign = (
         "W0000 bfc_allocator.cc:310] Allocator (bfc_cpu_allocator_for_gpu) ran out of memory "

@@ -138,8 +138,8 @@ def test_a_trace_that_has_run_is_measured_from_its_first_step():
     out = run_isolated(
         """
         import memfit, keras, tensorflow as tf
-        from memfit.measuring import measure_workload
-        from memfit.workload import Workload
+        from memfit.measuring.measurer import measure_workload
+        from memfit.workload.workload import Workload
         model = keras.Sequential([keras.Input((16,)), keras.layers.Dense(4)])
         model.compile("adam", "mse")
         work = Workload(model)

@@ -4,7 +4,7 @@ import pytest
 from helpers import run_cli, run_isolated
 
 from memfit import ModelLoadError
-from memfit.models import check_model_spec
+from memfit.workload.models import check_model_spec
 
 
 def test_missing_file_is_reported_without_tensorflow(tmp_path):
@@ -101,7 +101,7 @@ def test_uncompiled_model_says_which_optimizer_and_loss_were_used():
         + """
 import warnings
 import memfit
-from memfit.workload import Workload
+from memfit.workload.workload import Workload
 
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")

@@ -1,11 +1,11 @@
-"""memfit.progress: find_batch_size and plan show what they do in Python, as the CLI does."""
+"""memfit.search.progress: find_batch_size and plan show what they do in Python, as the CLI does."""
 
 from __future__ import annotations
 
 import inspect
 
 import memfit
-from memfit.progress import candidate_line, shows_progress, trial_line
+from memfit.search.progress import candidate_line, shows_progress, trial_line
 
 
 def _trial(size: int, fits: bool) -> memfit.Trial:

@@ -1,4 +1,5 @@
-"""memfit.recomputation: segments under tf.recompute_grad give the plain step's gradients, update
+"""memfit.recomputation.remat: segments under tf.recompute_grad give the plain step's gradients,
+update
 BatchNorm once, keep dropout masks, and say clearly where they cannot apply."""
 
 from __future__ import annotations
@@ -157,7 +158,7 @@ def test_cut_policies_on_a_chain_without_tensorflow() -> None:
     """The cut choice is arithmetic on the graph's bytes: a fake graph needs no Keras."""
     import types
 
-    from memfit.recompute_cuts import choose_cuts, kept_bytes, recomputed_flags
+    from memfit.recomputation.cuts import choose_cuts, kept_bytes, recomputed_flags
 
     chain = _Chain([100] * 10)
     cuts = [(i, (i,)) for i in range(9)]

@@ -9,11 +9,17 @@ from types import SimpleNamespace
 import pytest
 from helpers import run_cli
 
-from memfit.budget import Budget, as_budgets, resolve_budgets, split_budget_list, tightest_index
+from memfit.budget.budget import (
+    Budget,
+    as_budgets,
+    resolve_budgets,
+    split_budget_list,
+    tightest_index,
+)
 from memfit.cli.options import replica_budget_specs
 from memfit.errors import MemfitError
+from memfit.measuring.replicas import per_replica_batch, replica_budget, replica_count
 from memfit.planning import Plan
-from memfit.replicas import per_replica_batch, replica_budget, replica_count
 
 TESTS = os.path.dirname(__file__)
 

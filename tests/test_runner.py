@@ -1,7 +1,7 @@
 """The child-process runner: log lines read, results unwrapped, tiny children run and timed out.
 
 test_isolate.py covers a MemfitError coming back from a child and the OOM-then-hang watchdog;
-these tests cover the parts of `memfit._runner` it does not, with jobs from the standard
+these tests cover the parts of `memfit.process.runner` it does not, with jobs from the standard
 library or a module written to a temporary folder (each child costs a few seconds).
 """
 
@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from memfit import Budget
-from memfit._runner import (
+from memfit.errors import MeasurementError, MemfitError, MemfitWarning
+from memfit.process.runner import (
     RESIDENT_MARK,
     ChildWorker,
     _child_env,
@@ -28,7 +29,6 @@ from memfit._runner import (
     relay_warning,
     run_in_child,
 )
-from memfit.errors import MeasurementError, MemfitError, MemfitWarning
 
 # Lines as TensorFlow 2.x logs them (the BFC allocator's, then the kernel's OP_REQUIRES).
 BFC_LINE = (

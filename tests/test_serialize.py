@@ -13,20 +13,20 @@ import pathlib
 
 import pytest
 
-from memfit.budget import Budget
+from memfit.budget.budget import Budget
+from memfit.budget.devices import GpuInfo, GpuProcess
 from memfit.data.audit import AuditFinding, AuditResult
 from memfit.data.check import CheckResult, ImageInfo, Problem
 from memfit.demo.results import DemoResult, StepResult
-from memfit.devices import GpuInfo, GpuProcess
+from memfit.doctor.preflight import DoctorReport, Finding
 from memfit.estimation import Estimate
-from memfit.explain import Explanation
-from memfit.measurement import Measurement
-from memfit.planning.candidates import Candidate, Plan
-from memfit.preflight import DoctorReport, Finding
-from memfit.recomputation import RecomputeReport, SegmentInfo
-from memfit.recovery import FitSummary, Recovery
+from memfit.measuring.explain import Explanation
+from memfit.measuring.measurement import Measurement
+from memfit.recomputation.remat import RecomputeReport, SegmentInfo
 from memfit.search import BatchSearchResult, Trial
 from memfit.serialize import json_dict, suffixed, to_json
+from memfit.training.plan import Candidate, Plan
+from memfit.training.recovery import FitSummary, Recovery
 from memfit.watch.findings import WatchFinding
 from memfit.watch.log import Run
 

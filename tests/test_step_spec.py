@@ -9,7 +9,7 @@ import pytest
 from helpers import run_cli
 
 from memfit.errors import MemfitError, ModelLoadError, WorkloadError
-from memfit.workload_spec import WorkloadSpec
+from memfit.workload.spec import WorkloadSpec
 
 SETS = ("task.model.input_size=[128,128,3]", "task.train_data.input_path=/data/train-*")
 

@@ -8,7 +8,7 @@ SAME_NODES = """
 import keras
 from tensorflow.core.protobuf import config_pb2
 from memfit.backend import tf as tfb, tf_grappler, tf_trace
-from memfit.workload import Workload
+from memfit.workload.workload import Workload
 
 tf = tfb.import_tf()
 inputs = keras.Input((16, 16, 3))
@@ -89,7 +89,7 @@ from memfit.backend import tf as tfb
 tf = tfb.import_tf()
 import keras
 from memfit.estimation import _start_trace
-from memfit.workload import Workload
+from memfit.workload.workload import Workload
 
 model = keras.applications.MobileNetV2(
     weights=None, input_shape=(64, 64, 3), classes=10, alpha=0.35

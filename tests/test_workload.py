@@ -1,7 +1,7 @@
 """Workload: batch shapes, dtypes and targets for tiny models, data batches, the checks it makes.
 
 test_models.py covers the warning for an uncompiled softmax model; these cover the rest of
-`memfit.workload` in this process, with Dense models of a few units.
+`memfit.workload.workload` in this process, with Dense models of a few units.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pytest
 import tensorflow as tf
 
 from memfit.errors import MemfitWarning, WorkloadError
-from memfit.workload import (
+from memfit.workload.workload import (
     SAMPLES_READ,
     Workload,
     count_samples,
@@ -300,7 +300,7 @@ def test_a_batch_on_an_emulated_card_is_held_in_its_allocator() -> None:
         from memfit.backend import tf as tfb
         tf = tfb.import_tf()
         import keras
-        from memfit.workload import Workload
+        from memfit.workload.workload import Workload
         inputs = keras.Input((64, 64, 3))
         model = keras.Model(inputs, keras.layers.Dense(2)(keras.layers.Flatten()(inputs)))
         model.compile("sgd", "mse")

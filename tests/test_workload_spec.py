@@ -12,7 +12,7 @@ import click
 import pytest
 
 from memfit.errors import WorkloadError
-from memfit.workload_spec import WorkloadSpec
+from memfit.workload.spec import WorkloadSpec
 
 # Every field set to something other than its default.
 FULL = WorkloadSpec(
@@ -51,7 +51,7 @@ def test_every_field_is_set_away_from_its_default() -> None:
 
 def test_the_spec_round_trips_through_pickle_and_the_childs_json() -> None:
     assert pickle.loads(pickle.dumps(FULL)) == FULL
-    # What a child process reads: the job file is JSON (memfit._runner).
+    # What a child process reads: the job file is JSON (memfit.process.runner).
     assert WorkloadSpec.from_json(json.loads(json.dumps(FULL.to_json()))) == FULL
 
 

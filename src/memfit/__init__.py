@@ -14,7 +14,7 @@ Public API (everything else is private):
   input-bound, divergence, OOM) and says why and what to do; `memfit report` shows its log.
 - `recompute`, `Recompute`, `RecomputeReport`: gradient checkpointing that saves memory on
   TensorFlow (segments of the layer graph under `tf.recompute_grad`).
-- `fit(..., backup_dir=...)`: preemption-safe training (`memfit.backup`: the checkpoint,
+- `fit(..., backup_dir=...)`: preemption-safe training (`memfit.training.backup`: the checkpoint,
   SIGTERM, the resume; `BackupError`).
 - `MemfitError` and its subclasses: every error a user can fix; `MemfitWarning`: what a
   user should know that does not stop the work (an uncompiled model compiled by memfit).
@@ -28,9 +28,10 @@ soon as memfit is imported (before TensorFlow initialises).
 from __future__ import annotations
 
 from memfit import data  # subpackage; imports TensorFlow only when used
-from memfit.budget import Budget
-from memfit.cards import CARDS, Card, get_card
-from memfit.emulation import emulate, emulate_from_environment
+from memfit.budget.budget import Budget
+from memfit.budget.cards import CARDS, Card, get_card
+from memfit.budget.emulation import emulate, emulate_from_environment
+from memfit.doctor.preflight import DoctorReport, Finding, doctor
 from memfit.errors import (
     BackendMissingError,
     BackupError,
@@ -47,19 +48,18 @@ from memfit.errors import (
     WorkloadError,
 )
 from memfit.estimation import Estimate, estimate
-from memfit.explain import Explanation
-from memfit.guarded_step import GuardedStep
-from memfit.measuring import Measurement, measure, measure_many
-from memfit.models import load_model
+from memfit.measuring.explain import Explanation
+from memfit.measuring.measurer import Measurement, measure, measure_many
 from memfit.planning import Candidate, Plan, plan
-from memfit.preflight import DoctorReport, Finding, doctor
-from memfit.recomputation import Recompute, RecomputeReport, recompute
-from memfit.recovery import FitSummary, Recovery
+from memfit.recomputation.remat import Recompute, RecomputeReport, recompute
 from memfit.search import BatchSearchResult, Trial, find_batch_size
 from memfit.sizes import format_size, parse_size
-from memfit.training import fit
+from memfit.training.fitting import fit
+from memfit.training.guarded_step import GuardedStep
+from memfit.training.recovery import FitSummary, Recovery
 from memfit.watch import WatchFinding
-from memfit.workload import Workload
+from memfit.workload.models import load_model
+from memfit.workload.workload import Workload
 
 __version__ = "0.1.0"
 
@@ -153,7 +153,7 @@ def _emulate_from_environment() -> None:
     except MemfitError as error:
         if not _invoked_as_cli():
             raise
-        from memfit.emulation import defer_environment_error
+        from memfit.budget.emulation import defer_environment_error
 
         defer_environment_error(error)
 

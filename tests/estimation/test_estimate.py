@@ -33,7 +33,7 @@ sgd, _ = est(model, 8, optimizer=keras.optimizers.SGD(momentum=0.9))
 mixed, _ = est("factories:small_cnn", 8, precision="mixed_float16")
 weights = sum(int(v.numpy().nbytes) for v in model.trainable_variables)
 from memfit.backend import tf_trace
-from memfit.workload import Workload
+from memfit.workload.workload import Workload
 graph = tf_trace.trace_step(Workload(model), 8)
 temps = tf_trace.initializer_temps(model)
 swish_in = keras.Input((8,))

@@ -21,8 +21,8 @@ from memfit.backend import tf_trace
 from memfit.backend.tf_graph import op_dependencies
 from memfit.estimation.bounds import peak_range
 from memfit.estimation.simulate import execution_order, replay
-from memfit.budget import emulated_budget
-from memfit.workload import Workload
+from memfit.budget.budget import emulated_budget
+from memfit.workload.workload import Workload
 
 model = memfit.load_model("factories:small_cnn")
 measured = memfit.measure(model, 16, repeats=3)

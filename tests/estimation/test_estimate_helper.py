@@ -7,6 +7,7 @@ import re
 import time
 
 import pytest
+import whatif_handlers
 from helpers import run_isolated
 
 from memfit.estimation.helper import WhatIfQueue
@@ -36,7 +37,7 @@ def handlers_importable(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_each_what_if_is_made_once_here_or_in_the_child(handlers_importable: None) -> None:
-    queue = WhatIfQueue({}, handler="whatif_handlers:open_echo")
+    queue = WhatIfQueue({}, handler=whatif_handlers.open_echo)
     queue.add(TASKS)
     _until(lambda: queue.busy or queue.made)  # the child is ready and took the first
     here, made = _drain(queue)
@@ -49,7 +50,7 @@ def test_each_what_if_is_made_once_here_or_in_the_child(handlers_importable: Non
 
 
 def test_a_child_that_dies_gives_its_what_if_back(handlers_importable: None) -> None:
-    queue = WhatIfQueue({}, handler="whatif_handlers:open_dying")
+    queue = WhatIfQueue({}, handler=whatif_handlers.open_dying)
     queue.add(TASKS)
     _until(lambda: not queue.helping)
     here, made = _drain(queue)
@@ -58,7 +59,7 @@ def test_a_child_that_dies_gives_its_what_if_back(handlers_importable: None) -> 
 
 
 def test_a_child_that_cannot_start_leaves_every_what_if_here(handlers_importable: None) -> None:
-    queue = WhatIfQueue({}, handler="whatif_handlers:open_failing")
+    queue = WhatIfQueue({}, handler=whatif_handlers.open_failing)
     queue.add(TASKS)
     _until(lambda: not queue.helping)
     here, made = _drain(queue)

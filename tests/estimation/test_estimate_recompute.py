@@ -35,7 +35,7 @@ def _chain() -> Any:
 def _traced(recompute: Any) -> Any:
     """The chain's training step at batch 16, traced (not run)."""
     from memfit.estimation import _start_trace
-    from memfit.workload import Workload
+    from memfit.workload.workload import Workload
 
     return _start_trace(Workload(_chain()), 16, recompute).result()
 
@@ -58,7 +58,7 @@ def _shared_head_step() -> Any:
     import keras
 
     from memfit.estimation import _start_trace
-    from memfit.workload import Workload
+    from memfit.workload.workload import Workload
 
     inputs = keras.Input((64, 64, 3))
     x = keras.layers.Conv2D(16, 3, padding="same", activation="relu")(inputs)

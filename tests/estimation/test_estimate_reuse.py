@@ -15,7 +15,7 @@ from memfit.backend import tf_trace
 from memfit.backend.tf_graph import at_batch_size
 from memfit.estimation import estimate_workload
 from memfit.estimation.simulate import replay
-from memfit.workload import Workload
+from memfit.workload.workload import Workload
 import factories
 
 def flat_bn_sgd():

@@ -249,7 +249,7 @@ import dataclasses
 import keras
 from memfit.backend import tf_trace
 from memfit.estimation.simulate import replay
-from memfit.workload import Workload
+from memfit.workload.workload import Workload
 
 x = keras.Input((16, 16, 8))
 levels, h = [], x

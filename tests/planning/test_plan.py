@@ -84,9 +84,9 @@ def test_a_choice_that_needs_a_recovery_gives_way_to_more_micro_batches(monkeypa
     # small_cnn at batch 64 under 140 MiB: one unsplit step fits (about 139 MiB), the second
     # runs out of memory, so only the 20-step confirmation shows that K=1 does not hold.
     monkeypatch.setenv("PYTHONPATH", TESTS)
-    from memfit.budget import Budget
+    from memfit.budget.budget import Budget
     from memfit.planning.planner import Planner
-    from memfit.workload_spec import WorkloadSpec
+    from memfit.workload.spec import WorkloadSpec
 
     budget = Budget.from_size("140MiB")
     planner = Planner(
@@ -167,7 +167,7 @@ def test_a_failed_choice_gives_way_to_the_next_fastest_not_blindly_to_more_k(mon
     # and peaked over the limit in its confirmation; recompute K=1 was measured at 0.210 s.
     # K=4 float32 (never measured) is expected slower than recompute K=1, so recompute goes
     # next; a finalist slower than the larger K waits behind it.
-    from memfit.budget import Budget
+    from memfit.budget.budget import Budget
     from memfit.planning.planner import Planner
 
     budget = Budget.from_size("150MiB")

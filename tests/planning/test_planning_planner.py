@@ -10,7 +10,7 @@ import math
 
 import pytest
 
-from memfit.budget import Budget
+from memfit.budget.budget import Budget
 from memfit.planning.planner import Planner
 
 LIMIT = 300

@@ -11,11 +11,11 @@ from dataclasses import dataclass
 
 import pytest
 
+from memfit.budget.fitting import limit_bytes
 from memfit.planning import strategy
 from memfit.planning.strategy import (
     first_k_index,
     k_values,
-    limit_bytes,
     near_limit,
     queue_position,
     scaled_seconds,

@@ -10,8 +10,8 @@ import json
 import pytest
 from helpers import run_cli, run_isolated
 
-from memfit.search.strategy import next_guess as _next_guess
-from memfit.search.strategy import peak_envelope as _envelope
+from memfit.budget.fitting import next_guess as _next_guess
+from memfit.budget.fitting import peak_envelope as _envelope
 from memfit.search.strategy import predicted_peak as _predicted_peak
 from memfit.search.strategy import soak_size as _soak_size
 
@@ -21,7 +21,7 @@ import json, sys
 import numpy as np, memfit, keras
 from memfit.backend import tf as tfb
 import tensorflow as tf
-from memfit.workload import Workload
+from memfit.workload.workload import Workload
 model, b = keras.models.load_model(sys.argv[1]), int(sys.argv[2])
 x, y = np.random.rand(b, 64, 64, 3).astype("float32"), np.zeros(b, "int32")
 # 20 steps of plain model.fit on a dataset of the batch, its batch dimension undefined as a

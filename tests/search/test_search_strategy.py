@@ -10,15 +10,12 @@ import inspect
 import pytest
 
 import memfit.search
+from memfit.budget.fitting import bytes_per_sample, limit_bytes, next_guess, peak_envelope
 from memfit.search import strategy
 from memfit.search.strategy import (
     bracket_closed,
-    bytes_per_sample,
     first_soak_size,
-    limit_bytes,
-    next_guess,
     next_soak_size,
-    peak_envelope,
     predicted_peak,
     probe_size,
     search_cap,
@@ -31,15 +28,22 @@ from memfit.search.strategy import (
 PEAKS = {1: 100, 5: 300, 10: 500}
 
 
-def test_the_strategy_imports_nothing_but_math_and_types():
-    tree = ast.parse(inspect.getsource(strategy))
+def _imports(module: object) -> set[str]:
     imported = set()
-    for node in ast.walk(tree):
+    for node in ast.walk(ast.parse(inspect.getsource(module))):
         if isinstance(node, ast.Import):
             imported |= {alias.name for alias in node.names}
         elif isinstance(node, ast.ImportFrom):
             imported.add(node.module)
-    assert imported == {"__future__", "collections.abc", "math"}  # no TensorFlow, no memfit
+    return imported
+
+
+def test_the_strategy_imports_nothing_but_math_and_types():
+    import memfit.budget.fitting as fitting
+
+    # No TensorFlow, no process: the fitting arithmetic, and the strategy on top of it.
+    assert _imports(fitting) == {"__future__", "collections.abc", "math"}
+    assert _imports(strategy) == {"__future__", "math", "memfit.budget.fitting"}
 
 
 def test_the_package_still_exports_the_constants_it_had():
@@ -246,7 +250,7 @@ def test_largest_fitting_closes_on_the_largest_size_that_fits_predicted_peaks():
     # A prediction with a curve (peaks grow faster than the line through small sizes): the
     # answer is within the tolerance below the true largest (418), never above it, in a few
     # predictions, as memfit.estimate's largest-batch what-if asks them.
-    from memfit.search.strategy import largest_fitting
+    from memfit.budget.fitting import largest_fitting
 
     asked: list[int] = []
 

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from memfit.backend.factories import call_factory
 from memfit.errors import WorkloadError
 
 PREFIX = "garden:"
@@ -102,8 +103,6 @@ def experiment_config(name: str, overrides: Sequence[str] = (), params: Sequence
 
     _register()
     if ":" in name:
-        from memfit.models import call_factory
-
         config = call_factory(name)
         if not isinstance(config, config_definitions.ExperimentConfig):
             raise WorkloadError(

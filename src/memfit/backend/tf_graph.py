@@ -70,7 +70,7 @@ class StepGraph:
         variable_layers: variable name -> the layer that owns it (optimizer slots: the layer
             of the variable they are for).
         layers: names of the model's layers (for attributing ops).
-        layer_tree: the model's layers as a `memfit.attribution.LayerTree`, its reading of
+        layer_tree: the model's layers as a `memfit.backend.attribution.LayerTree`, its reading of
             `_N` suffixes chosen from these ops: attributes ops to innermost layers (None:
             `layers` does, outermost first).
         optimizer_name: the optimizer's name scope.

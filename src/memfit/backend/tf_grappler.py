@@ -155,7 +155,7 @@ def describe_as(gpus: bool) -> None:
     """Run grappler from now on as a process that sees a GPU (`gpus`) or none runs it.
 
     For a helper process that describes another process's steps with its GPUs hidden
-    (`memfit._child.open_what_if_estimator`): its steps are then the other's.
+    (`memfit.estimation.child.open_what_if_estimator`): its steps are then the other's.
 
     Example:
         ```python

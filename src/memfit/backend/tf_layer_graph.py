@@ -2,7 +2,7 @@
 
 Reads Keras' graph internals (nodes by depth, a nested `Functional`'s inputs and outputs);
 nested plain functional models are expanded into the steps of their layers. `memfit.recompute`
-cuts this graph into segments (`memfit.recompute_cuts`), which
+cuts this graph into segments (`memfit.recomputation.cuts`), which
 `memfit.backend.tf_recompute` runs under `tf.recompute_grad`.
 """
 

@@ -1,15 +1,16 @@
 """A Keras model's layers and which layer owns each variable (weights and optimizer slots).
 
-Shared by `memfit.estimate` (per-layer breakdown of the predicted peak) and `memfit.explain`
+Shared by `memfit.estimate` (per-layer breakdown of the predicted peak) and
+`memfit.measuring.explain`
 (per-layer live set at the measured peak), so that both name layers alike: innermost layers,
-labelled by the shortest unique path (`memfit.attribution.LayerTree`).
+labelled by the shortest unique path (`memfit.backend.attribution.LayerTree`).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from memfit.attribution import LayerTree
+from memfit.backend.attribution import LayerTree
 
 Path = tuple[str, ...]
 

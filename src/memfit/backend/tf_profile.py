@@ -5,8 +5,9 @@ which memfit's emulation sets) the profiler records a `MemoryAllocation` or
 `MemoryDeallocation` event for each allocator call: the op that asked (`tf_op`), the chunk's
 address and size, the bytes in use after the call, the tensor's shape and dtype, and whether
 it was an op's output or a kernel's scratch (`region_type`). `record_allocations` runs a
-callable under the profiler and returns those events as `memfit.attribution.AllocationRecord`s,
-in the order they were recorded; `memfit.explain` reconstructs what was alive at the peak.
+callable under the profiler and returns those events as
+`memfit.backend.attribution.AllocationRecord`s,
+in the order they were recorded; `memfit.measuring.explain` reconstructs what was alive at the peak.
 """
 
 from __future__ import annotations
@@ -19,8 +20,8 @@ import tempfile
 from collections.abc import Callable
 from typing import Any
 
-from memfit.attribution import AllocationRecord
 from memfit.backend import tf as tfb
+from memfit.backend.attribution import AllocationRecord
 from memfit.errors import MeasurementError
 
 _ALLOC = "MemoryAllocation"
@@ -147,7 +148,7 @@ def record_allocations(run: Callable[[], Any], device: str) -> list[AllocationRe
 
     Returns:
         The allocation and deallocation records, in the order the profiler stored them
-        (`memfit.explain.allocator_order` puts them in the allocator's order).
+        (`memfit.measuring.explain.allocator_order` puts them in the allocator's order).
 
     Raises:
         ExplainUnavailableError: the profiler or its protobufs are missing, or it recorded no
@@ -259,12 +260,12 @@ def _shape(value: Any) -> list[int] | None:
 
 
 def step_info(workload: Any) -> Any:
-    """The model's layers and resident variables, as `memfit.attribution.StepInfo`.
+    """The model's layers and resident variables, as `memfit.backend.attribution.StepInfo`.
 
     Each model variable belongs to the innermost layer that holds it, each optimizer slot
     to the layer of the variable it was made for (`memfit.backend.tf_layers`).
     """
-    from memfit.attribution import StepInfo, VariableInfo
+    from memfit.backend.attribution import StepInfo, VariableInfo
     from memfit.backend.tf_layers import layer_tree, variable_owners
 
     tf = tfb.import_tf()

@@ -25,7 +25,7 @@ from memfit.cli.planning import plan
 from memfit.cli.preflight import doctor
 from memfit.cli.reporting import report
 from memfit.errors import MemfitError
-from memfit.models import MODEL_FORMS
+from memfit.workload.models import MODEL_FORMS
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> None:
     """Run the CLI: user errors become one line on stderr and exit status 2."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     warnings.showwarning = _show_warning
-    from memfit.emulation import environment_error  # what `import memfit` kept, if anything
+    from memfit.budget.emulation import environment_error  # what `import memfit` kept, if anything
 
     error = environment_error()
     if error is not None:  # a bad MEMFIT_MEMORY / MEMFIT_DEVICE

@@ -10,8 +10,8 @@ from rich.table import Table
 
 from memfit.cli.options import count_option, json_option
 from memfit.cli.render import answer, err, out
-from memfit.models import check_model_spec
 from memfit.sizes import format_size
+from memfit.workload.models import check_model_spec
 
 
 @click.group()
@@ -173,7 +173,7 @@ def data_audit(
             param_hint="'MODULE:DATASET_FN'",
         )
     from memfit.data.audit import audit as run_audit
-    from memfit.models import call_factory
+    from memfit.workload.models import call_factory
 
     with err.status("Building the dataset", spinner="dots") as status:
         dataset = call_factory(dataset_fn)  # the dataset function's tf.data.Dataset

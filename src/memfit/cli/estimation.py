@@ -13,7 +13,7 @@ from memfit.cli.options import apply_budget, count_option, workload_command
 from memfit.cli.render import err, out, print_json
 from memfit.estimation.bounds import ALLOWANCE, BOUND_STEPS, RUN_STEPS, SAMPLES
 from memfit.sizes import format_size
-from memfit.workload_spec import WorkloadSpec
+from memfit.workload.spec import WorkloadSpec
 
 
 @click.command()
@@ -115,9 +115,9 @@ def estimate(
         measured = None
         if check:
             status.update("Measuring the step in a child process")
-            from memfit.budget import emulated_budget
-            from memfit.isolate import measure_in_child
-            from memfit.measuring import DEFAULT_REPEATS
+            from memfit.budget.budget import emulated_budget
+            from memfit.measuring.isolate import measure_in_child
+            from memfit.measuring.measurer import DEFAULT_REPEATS
 
             # The step estimated: the same workload, built under the same precision and remat.
             variant = dataclasses.replace(workload, precision=precision, remat=remat)

@@ -6,7 +6,7 @@ from typing import Any
 
 import click
 
-from memfit.budget import Budget
+from memfit.budget.budget import Budget
 from memfit.checks import check_positive_int
 from memfit.cli.options import (
     apply_budget,
@@ -17,9 +17,9 @@ from memfit.cli.options import (
     workload_command,
 )
 from memfit.cli.render import answer, err, render_summary
-from memfit.progress import trial_line
 from memfit.search import DEFAULT_SOAK_STEPS
-from memfit.workload_spec import WorkloadSpec
+from memfit.search.progress import trial_line
+from memfit.workload.spec import WorkloadSpec
 
 
 @click.command()

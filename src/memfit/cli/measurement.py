@@ -10,7 +10,7 @@ from rich.table import Table
 from memfit.cli.options import apply_budget, batch_sizes, count_option, workload_command
 from memfit.cli.render import err, out, print_json, render_explanation
 from memfit.sizes import format_size
-from memfit.workload_spec import WorkloadSpec
+from memfit.workload.spec import WorkloadSpec
 
 
 @click.command()
@@ -64,9 +64,9 @@ def measure(
     With --explain, the peak is broken down into the tensors alive at that moment.
     """
     budget = apply_budget(memory, device)
-    from memfit.isolate import measure_in_child
-    from memfit.measuring import measure_built
-    from memfit.recomputation import policy_from_text
+    from memfit.measuring.isolate import measure_in_child
+    from memfit.measuring.measurer import measure_built
+    from memfit.recomputation.remat import policy_from_text
 
     policy = policy_from_text(recompute) if recompute else None
     options = {"repeats": repeats, "budget": budget, "recompute": policy, "explain": explain}

@@ -15,16 +15,22 @@ from typing import Any
 
 import click
 
-from memfit.budget import Budget, resolve_budget, resolve_budgets, split_budget_list, tightest_index
+from memfit.budget.budget import (
+    Budget,
+    resolve_budget,
+    resolve_budgets,
+    split_budget_list,
+    tightest_index,
+)
 from memfit.checks import DEFAULT_MARGIN, check_batch_size, check_margin
 from memfit.errors import MemfitError
-from memfit.workload_spec import WorkloadSpec
+from memfit.workload.spec import WorkloadSpec
 
 
 def _memory_growth(_ctx: click.Context, _param: click.Parameter, value: bool) -> bool:
     # Read by `apply_budget` (and inherited by child processes) from the environment.
     if value:
-        from memfit.budget import ENV_MEMORY_GROWTH
+        from memfit.budget.budget import ENV_MEMORY_GROWTH
 
         os.environ[ENV_MEMORY_GROWTH] = "1"
     return value
@@ -65,8 +71,8 @@ def json_option(command: Callable[..., Any]) -> Callable[..., Any]:
 
 def apply_budget(memory: str | None, device: str | None) -> Budget | None:
     """Emulate the budget `--memory` / `--device` name, before TensorFlow initialises."""
-    from memfit.budget import emulated_memory_growth
-    from memfit.emulation import emulate, ensure_memory_statistics
+    from memfit.budget.budget import emulated_memory_growth
+    from memfit.budget.emulation import emulate, ensure_memory_statistics
 
     growth = emulated_memory_growth()
     budget = resolve_budget(memory=memory, device=device)
@@ -128,7 +134,7 @@ def workload_options(command: Callable[..., Any]) -> Callable[..., Any]:
     """MODEL and the options that say how to build it and its training step (`--input-shape`,
     `--classes`, `--optimizer`, `--loss`, `--data`, `--unsafe`; `--set`, `--params` for a
     Model Garden task), given to the command as one
-    `workload` argument: a `memfit.workload_spec.WorkloadSpec`, checked once."""
+    `workload` argument: a `memfit.workload.spec.WorkloadSpec`, checked once."""
 
     @functools.wraps(command)
     def with_workload(
@@ -254,7 +260,7 @@ def margin_option(help_text: str) -> Callable[[Callable[..., Any]], Callable[...
 
 
 def replicas_option(command: Callable[..., Any]) -> Callable[..., Any]:
-    """`--replicas N`: data-parallel replicas sharing the batch (`memfit.replicas`)."""
+    """`--replicas N`: data-parallel replicas sharing the batch (`memfit.measuring.replicas`)."""
     return click.option(
         "--replicas",
         type=int,
@@ -280,7 +286,7 @@ def replica_budget_specs(
     Raises:
         MemfitError: an empty entry, an unknown card or size, or counts that disagree.
     """
-    from memfit.replicas import replica_count
+    from memfit.measuring.replicas import replica_count
 
     raw = memory if memory is not None else device
     if raw is None or "," not in raw:

@@ -7,13 +7,13 @@ from typing import Any
 import click
 from rich.table import Table
 
-from memfit.budget import Budget, resolve_budget
+from memfit.budget.budget import Budget, resolve_budget
 from memfit.cli.options import margin_option, replica_budget_specs, workload_command
 from memfit.cli.render import answer, err, out, render_summary
-from memfit.progress import candidate_line
-from memfit.replicas import per_replica_batch
+from memfit.measuring.replicas import per_replica_batch
+from memfit.search.progress import candidate_line
 from memfit.sizes import format_size
-from memfit.workload_spec import WorkloadSpec
+from memfit.workload.spec import WorkloadSpec
 
 
 @click.command()

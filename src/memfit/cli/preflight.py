@@ -27,7 +27,7 @@ def doctor(memory: str | None, device: str | None, as_json: bool) -> None:
     Exits with status 1 when a problem is found.
     """
     apply_budget(memory, device)
-    from memfit.preflight import doctor as run_doctor
+    from memfit.doctor.preflight import doctor as run_doctor
 
     report = run_doctor()
     answer(report, as_json, _render_doctor, report.ok)

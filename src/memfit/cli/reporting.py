@@ -62,7 +62,7 @@ def _report_measurements(
     """`memfit report` on `memfit measure --json` output: its page and its explanations."""
     from rich.markup import escape
 
-    from memfit.explain import Explanation
+    from memfit.measuring.explain import Explanation
     from memfit.report import build_measure_html
 
     directory = os.path.dirname(os.path.abspath(out_path))

@@ -8,6 +8,8 @@ from typing import Any
 
 from memfit.backend import tf as tfb
 from memfit.data.check_result import ImageInfo
+from memfit.measuring.isolate import measurement_from_child, save_for_child
+from memfit.process.runner import run_in_child
 from memfit.sizes import format_size
 
 # A model that takes any size is measured at the largest image's own size up to this many
@@ -26,13 +28,10 @@ def model_memory(model: Any, largest: ImageInfo, batch_size: int) -> dict[str, A
     own bytes (peak minus resident) are scaled by the pixel ratio to the largest image: a
     proportional estimate, since activations grow with pixels and weights do not.
     """
-    from memfit._runner import run_in_child
-    from memfit.isolate import measurement_from_child, save_for_child
-
     with tempfile.TemporaryDirectory(prefix="memfit-data-") as tmp:
         spec = model if isinstance(model, str) else save_for_child(model, tmp)
         result = run_in_child(
-            "memfit.data.memory:measure_child",
+            measure_child,
             {
                 "spec": spec,
                 "batch_size": batch_size,
@@ -112,10 +111,10 @@ def measure_child(spec: str, batch_size: int, height: int, width: int) -> dict[s
         height: the largest image's height.
         width: the largest image's width.
     """
-    from memfit.budget import emulated_budget
-    from memfit.measuring import measure_workload
-    from memfit.models import load_model
-    from memfit.workload import Workload
+    from memfit.budget.budget import emulated_budget
+    from memfit.measuring.measurer import measure_workload
+    from memfit.workload.models import load_model
+    from memfit.workload.workload import Workload
 
     model = load_model(spec)
     shape = None

@@ -15,6 +15,8 @@ from rich.markup import escape
 
 from memfit.demo.job import BATCH, LARGE, MEASURED_STEPS, TARGET_BATCH, Settings, write_data
 from memfit.demo.render import outcome_text, size_text
+from memfit.demo.training import train_memfit, train_plain
+from memfit.process.runner import run_in_child
 
 
 class StepChecks:
@@ -180,11 +182,9 @@ class StepChecks:
         return ok, {"accumulation_steps": k, "micro_batch_size": micro}
 
     def check_plain_fit(self) -> tuple[bool, dict[str, Any]]:
-        from memfit._runner import run_in_child
-        from memfit.budget import Budget
-
+        from memfit.budget.budget import Budget
         out = run_in_child(
-            "memfit.demo:train_plain",
+            train_plain,
             {"directory": self.data, "epochs": self.settings.epochs},
             budget=Budget.from_size(self.settings.memory),
             env=self.child_env,
@@ -205,13 +205,11 @@ class StepChecks:
         return ok, out
 
     def check_memfit_fit(self) -> tuple[bool, dict[str, Any]]:
-        from memfit._runner import run_in_child
-        from memfit.budget import Budget
-
+        from memfit.budget.budget import Budget
         if os.path.exists(self.log_path):
             os.remove(self.log_path)
         out = run_in_child(
-            "memfit.demo:train_memfit",
+            train_memfit,
             {
                 "directory": self.data,
                 "epochs": self.settings.epochs,

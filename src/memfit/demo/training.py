@@ -1,6 +1,7 @@
 """The child side of the demo's training steps: plain `model.fit`, then `memfit.fit`.
 
-Each runs in its own process under the emulated card (`memfit.isolate.run_in_child`), so an
+Each runs in its own process under the emulated card (`memfit.measuring.isolate.run_in_child`), so
+an
 out-of-memory error stays inside it.
 """
 

@@ -30,20 +30,20 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from memfit.attribution import KINDS
+from memfit.backend.attribution import KINDS
 from memfit.backend.tf_kernels import assume_threads
-from memfit.budget import Budget, as_budget, emulated_budget, emulated_memory_growth
+from memfit.budget.budget import Budget, as_budget, emulated_budget, emulated_memory_growth
+from memfit.budget.fitting import largest_fitting, limit_bytes
 from memfit.checks import check_batch_size, check_positive_int, check_threads
 from memfit.errors import MemfitError, WorkloadError, one_line
 from memfit.estimation.background import PendingRange, start_peak_range
 from memfit.estimation.bounds import RUN_STEPS, SAMPLES, run_rise
 from memfit.estimation.helper import WhatIfQueue
 from memfit.estimation.simulate import Replay, replay
-from memfit.search.strategy import largest_fitting, limit_bytes
 from memfit.serialize import json_dict, suffixed
 from memfit.sizes import format_size
-from memfit.workload import InputShape, Workload
-from memfit.workload_spec import KERAS_REMAT_MODES, PRECISIONS
+from memfit.workload.spec import KERAS_REMAT_MODES, PRECISIONS
+from memfit.workload.workload import InputShape, Workload
 
 CATEGORIES = KINDS  # the breakdown's kinds, shared with `measure --explain`
 OPTIMIZERS = ("adam", "sgd")
@@ -184,10 +184,10 @@ def estimate_workload(
 def _start_trace(workload: Workload, batch_size: int, recompute: Any = None) -> Any:
     """Trace the step: a `tf_trace.TracedStep`, its grappler pass still running on a thread."""
     from memfit.backend import tf_trace
-    from memfit.recomputation import as_recompute
+    from memfit.recomputation.remat import as_recompute
 
     if getattr(workload, "is_step", False):
-        from memfit.step_workload import refuse_for_step
+        from memfit.workload.step import refuse_for_step
 
         refuse_for_step(recompute=recompute)
         workload.build_optimizer()
@@ -568,8 +568,8 @@ def _estimate_step(
     A step the trace cannot take (a Python step that reads tensors' values, say) is one
     `WorkloadError` that says to measure it instead, never a traceback.
     """
-    from memfit.step_workload import StepWorkload
-    from memfit.workload_spec import WorkloadSpec
+    from memfit.workload.spec import WorkloadSpec
+    from memfit.workload.step import StepWorkload
 
     progress(f"building the step spec of {model if isinstance(model, str) else 'the model'}")
     if isinstance(model, str):
@@ -637,7 +637,7 @@ def _load(
     precision: str | None,
     remat: str | None,
 ) -> Any:
-    from memfit.workload_spec import WorkloadSpec
+    from memfit.workload.spec import WorkloadSpec
 
     workload = WorkloadSpec(
         spec, input_shape=input_shape, classes=classes, precision=precision, remat=remat
@@ -888,7 +888,7 @@ def _made_here(started: tuple[Any, Workload | None, float]) -> dict[str, Any]:
 def estimate_variant(spec: Any, batch_size: int, variant: dict[str, Any]) -> dict[str, Any]:
     """The what-if row's figures of `spec` (a `WorkloadSpec`) with `variant`'s fields replaced.
 
-    What a helper process makes of a what-if (`memfit._child.open_what_if_estimator`): the
+    What a helper process makes of a what-if (`memfit.estimation.child.open_what_if_estimator`): the
     same figures, or the same `not applicable` line, as `_what_ifs` makes here.
     """
     import dataclasses
@@ -972,7 +972,7 @@ def _helper(arguments: dict[str, Any]) -> dict[str, Any] | None:
     from memfit.backend import tf as tfb
     from memfit.backend.tf_grappler import sees_gpu
     from memfit.backend.tf_kernels import concurrent_ops, intra_threads, schedulable_cpus
-    from memfit.workload_spec import WorkloadSpec
+    from memfit.workload.spec import WorkloadSpec
 
     if (
         arguments.get("data") is not None

@@ -18,25 +18,25 @@ Without a child (`WhatIfQueue(None)`), the queue is this process's to-do list.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
-from memfit._runner import ChildWorker
+from memfit.estimation.child import open_what_if_estimator
+from memfit.process.runner import ChildWorker
 
 Task = tuple[str, dict[str, Any]]  # (the row's change, the variant's WorkloadSpec fields)
 
-HANDLER = "memfit._child:open_what_if_estimator"
 
 
 class WhatIfQueue:
     """What-ifs to make, taken by this process and (when given one) a helper child.
 
     Args:
-        child: arguments of `memfit._child.open_what_if_estimator` (the workload as
+        child: arguments of `memfit.estimation.child.open_what_if_estimator` (the workload as
             `WorkloadSpec.to_json`, the batch size, the thread counts, `sys.path`); None:
             no helper, this process makes every what-if.
-        handler: `"package.module:function"` the child prepares with `child` and answers
-            with (default: `memfit._child.open_what_if_estimator`).
+        handler: the function the child prepares with `child` and answers with (a module's
+            top-level function; default: `open_what_if_estimator`).
 
     The child runs with the GPUs hidden (`CUDA_VISIBLE_DEVICES=-1`): it traces, it never
     trains, and a second TensorFlow on the card would take its memory.
@@ -51,7 +51,8 @@ class WhatIfQueue:
         ```
     """
 
-    def __init__(self, child: dict[str, Any] | None, handler: str = HANDLER) -> None:
+    def __init__(self, child: dict[str, Any] | None, handler: Callable[..., Any] =
+    open_what_if_estimator) -> None:
         self._ready = threading.Condition()
         self._tasks: list[Task] = []
         self._made: dict[str, dict[str, Any]] = {}

@@ -26,10 +26,11 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from memfit.budget import Budget, as_budgets, emulated_budget, tightest_index
+from memfit.budget.budget import Budget, as_budgets, emulated_budget, tightest_index
+from memfit.budget.fitting import limit_bytes
 from memfit.checks import DEFAULT_MARGIN, check_batch_size, check_margin, check_positive_int
 from memfit.errors import MemfitError
-from memfit.planning.candidates import TASK_PRECISION, Candidate, Plan
+from memfit.measuring.replicas import per_replica_batch, replica_count, workload_replica_budget
 from memfit.planning.planner import Planner
 from memfit.planning.strategy import (
     MAX_CONFIRMATIONS,
@@ -37,12 +38,11 @@ from memfit.planning.strategy import (
     NEAR_LIMIT,
     REMAT_MODES,
     dividing_k_values,
-    limit_bytes,
 )
 from memfit.planning.trials import CONFIRM_OOM_GRACE
-from memfit.progress import Progress, shows_progress
-from memfit.replicas import per_replica_batch, replica_count, workload_replica_budget
-from memfit.workload_spec import PRECISIONS, WorkloadSpec
+from memfit.search.progress import Progress, shows_progress
+from memfit.training.plan import TASK_PRECISION, Candidate, Plan
+from memfit.workload.spec import PRECISIONS, WorkloadSpec
 
 __all__ = [
     "CONFIRM_OOM_GRACE",
@@ -119,7 +119,7 @@ def plan(
     replica) `batch_size` is the global batch: each replica holds the whole model and
     optimizer state and trains `batch_size / replicas` samples in K micro-batches, so the
     plan is the single-device plan for that share under the tightest budget less the
-    gradient all-reduce's buffer (`memfit.replicas`).
+    gradient all-reduce's buffer (`memfit.measuring.replicas`).
 
     Args:
         model: a MODEL string, or a compiled Keras model (saved for the child; K only).
@@ -144,7 +144,7 @@ def plan(
         confirm_steps: steps of the confirmation run (default 20).
         progress: a spinner and one line per candidate on stderr, as the CLI shows them;
             default on when stderr is a terminal and no `on_candidate` is given; False turns
-            it off, a callable receives each `Candidate` instead (`memfit.progress`).
+            it off, a callable receives each `Candidate` instead (`memfit.search.progress`).
         replicas: data-parallel replicas sharing `batch_size` (default 1, or the strategy's,
             or one per budget given); `batch_size` must be divisible by it.
         strategy: a `tf.distribute` strategy whose `num_replicas_in_sync` gives `replicas`.
@@ -211,7 +211,7 @@ def plan_workload(
     """
     # Batches are made of the dataset's largest samples, so the answer holds for all.
     workload = dataclasses.replace(workload, worst_case=workload.data is not None)
-    from memfit.isolate import child_spec
+    from memfit.measuring.isolate import child_spec
 
     batch_size = check_batch_size(batch_size)
     confirm_steps = check_positive_int(confirm_steps, "confirm_steps")

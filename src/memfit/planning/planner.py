@@ -11,14 +11,14 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from memfit.budget import Budget
+from memfit.budget.budget import Budget
 from memfit.errors import MeasurementError, MemfitError
 from memfit.planning import strategy
-from memfit.planning.candidates import Candidate
 from memfit.planning.strategy import MAX_CONFIRMATIONS, MAX_FINALISTS
 from memfit.planning.trials import Estimator, PlanTrials
 from memfit.sizes import format_size
-from memfit.workload_spec import WorkloadSpec
+from memfit.training.plan import Candidate
+from memfit.workload.spec import WorkloadSpec
 
 Config = tuple[str, str | None]  # (precision, remat)
 

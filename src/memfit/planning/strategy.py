@@ -74,10 +74,6 @@ def dividing_k_values(batch_size: int) -> list[int]:
     return [k for k in range(1, batch_size + 1) if batch_size % k == 0]
 
 
-def limit_bytes(usable_bytes: int, margin: float) -> int:
-    """The most a fitting peak may reach: the budget less the margin (`margin` a share)."""
-    return int(usable_bytes * (1 - margin))
-
 
 def step_cost(device: str, precision: str, remat: str | None, k: int) -> float:
     """Rough time per step relative to float32 without recompute, unsplit.

@@ -15,11 +15,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from memfit.budget import Budget
+from memfit.budget.budget import Budget
 from memfit.errors import MeasurementError, MemfitError
-from memfit.planning.candidates import TASK_PRECISION, Candidate
+from memfit.planning.child import open_estimator
+from memfit.process.runner import ChildWorker, run_in_child
 from memfit.sizes import format_size
-from memfit.workload_spec import WorkloadSpec
+from memfit.training.child import confirm_plan
+from memfit.training.plan import TASK_PRECISION, Candidate
+from memfit.workload.spec import WorkloadSpec
 
 # A confirmation run is over at TensorFlow's first OOM line: stop its process this soon after.
 CONFIRM_OOM_GRACE = 5.0
@@ -94,10 +97,8 @@ class PlanTrials:
         Raises:
             MeasurementError: the estimator process could not start or died.
         """
-        from memfit._runner import ChildWorker
-
         args = {"workload": self.workload.to_json()}
-        worker = ChildWorker("memfit._child:open_estimator", args, budget=self.budget)
+        worker = ChildWorker(open_estimator, args, budget=self.budget)
         try:
             yield Estimator(worker, self.batch_size, self.limit)
         finally:
@@ -106,7 +107,7 @@ class PlanTrials:
     def measure(self, candidate: Candidate) -> None:
         """Measure one candidate's step (`memfit.fit`'s, at its K) in a fresh child: its peak,
         time and whether it fits, or why it could not be measured."""
-        from memfit.isolate import measure_in_child
+        from memfit.measuring.isolate import measure_in_child
 
         try:
             m = measure_in_child(
@@ -131,10 +132,8 @@ class PlanTrials:
     def confirm(self, candidate: Candidate, steps: int) -> bool:
         """Train `steps` steps of `memfit.fit` at the candidate in a fresh child process;
         whether it held (no recovery, peak within the limit). `recoveries` says why not."""
-        from memfit._runner import run_in_child
-
         result = run_in_child(
-            "memfit._child:confirm_plan",
+            confirm_plan,
             {
                 "workload": self.variant(candidate).to_json(),
                 "batch_size": self.batch_size,

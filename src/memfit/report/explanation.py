@@ -1,7 +1,7 @@
 """What was alive at a measured peak, as HTML, and the page of `memfit measure --json` output.
 
 `memfit measure --explain --json` writes each measurement with its `explanation`
-(`memfit.explain.Explanation.to_dict()`): the live tensors at the peak by kind and by
+(`memfit.measuring.explain.Explanation.to_dict()`): the live tensors at the peak by kind and by
 layer, beside the estimate. A watch log may hold such explanations too (`explain` lines).
 
 Example:

@@ -14,26 +14,26 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from memfit.budget import Budget, as_budgets, emulated_budget, tightest_index
-from memfit.checks import DEFAULT_MARGIN, check_margin, check_positive_int, check_soak_steps
-from memfit.errors import MemfitError, WorkloadError
-from memfit.progress import Progress, shows_progress
-from memfit.replicas import replica_count, workload_replica_budget
-from memfit.search import strategy
-from memfit.search.strategy import (
+from memfit.budget.budget import Budget, as_budgets, emulated_budget, tightest_index
+from memfit.budget.fitting import (
     CALIBRATION_GROWTH,
     DEFAULT_MAX_BATCH,
-    DEFAULT_SOAK_STEPS,
     FAR_SHORTFALL,
     NEAR_STEP,
-    PROBE_BATCH,
-    SOAK_RISE,
+    limit_bytes,
+    next_guess,
 )
+from memfit.checks import DEFAULT_MARGIN, check_margin, check_positive_int, check_soak_steps
+from memfit.errors import MemfitError, WorkloadError
+from memfit.measuring.replicas import replica_count, workload_replica_budget
+from memfit.search import strategy
+from memfit.search.progress import Progress, shows_progress
+from memfit.search.strategy import DEFAULT_SOAK_STEPS, PROBE_BATCH, SOAK_RISE
 from memfit.search.trials import CHILD_SAMPLES, IN_PROCESS_MODEL, TrialRunner
 from memfit.serialize import json_dict
 from memfit.sizes import format_size
-from memfit.workload import InputShape
-from memfit.workload_spec import WorkloadSpec
+from memfit.workload.spec import WorkloadSpec
+from memfit.workload.workload import InputShape
 
 __all__ = [
     "CALIBRATION_GROWTH",
@@ -298,12 +298,12 @@ def find_batch_size(
             a model) that runs Python code, such as a Lambda layer.
         progress: a spinner and one line per trial on stderr, as the CLI shows them; default
             on when stderr is a terminal and no `on_trial` is given; False turns it off, a
-            callable receives each `Trial` instead (`memfit.progress`).
+            callable receives each `Trial` instead (`memfit.search.progress`).
         replicas: data-parallel replicas (default 1, or the strategy's, or one per budget
             when `budget` is a list). Each replica holds the whole model and optimizer state
             and runs the step on its share of the global batch, so the search finds the
             largest per-replica batch under the tightest budget less the gradient
-            all-reduce's buffer (`memfit.replicas`); `max_batch` is per replica.
+            all-reduce's buffer (`memfit.measuring.replicas`); `max_batch` is per replica.
         strategy: a `tf.distribute` strategy whose `num_replicas_in_sync` gives `replicas`.
         overrides: for a Model Garden task (`model="garden:EXPERIMENT"`), `key.path=value`
             strings applied to its experiment config (`task.model.input_size=[128,128,3]`).
@@ -402,7 +402,7 @@ def _search(
 ) -> BatchSearchResult:
     # The margin is kept on the step's own bytes once the first trial has measured what is
     # resident before a step; until then, on the whole budget.
-    limit = strategy.limit_bytes(budget.usable_bytes, margin)
+    limit = limit_bytes(budget.usable_bytes, margin)
     cap, capped_by = strategy.search_cap(max_batch, run.dataset_size)
     result = BatchSearchResult(
         batch_size=0,
@@ -423,7 +423,7 @@ def _search(
         m, fresh, warmed_up = run.measure(size, repeats=soak or 1, soak=bool(soak))
         if run.resident_bytes is None and m.resident_bytes is not None:
             run.resident_bytes = m.resident_bytes
-            limit = strategy.limit_bytes(budget.usable_bytes, margin, m.resident_bytes)
+            limit = limit_bytes(budget.usable_bytes, margin, m.resident_bytes)
             result.limit_bytes = limit
         ok = not m.oom and m.peak_bytes is not None and m.peak_bytes <= limit
         seconds = time.perf_counter() - start
@@ -468,7 +468,7 @@ def _search(
             break
         if strategy.bracket_closed(lo, hi, margin):
             break
-        guess, predicted, near = strategy.next_guess(peaks, lo, hi, cap, limit)
+        guess, predicted, near = next_guess(peaks, lo, hi, cap, limit)
         # An OOM ends this process's trials: when one is likely and more trials would follow
         # it, get a fresh process ready meanwhile (not for lo + 1, whose OOM ends the search).
         if strategy.spare_worth_starting(guess, lo, hi, near):

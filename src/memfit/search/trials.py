@@ -13,11 +13,14 @@ import tempfile
 from typing import Any
 
 from memfit.backend import tf as tfb
-from memfit.budget import Budget
+from memfit.budget.budget import Budget
 from memfit.errors import MemfitError, WorkloadError
-from memfit.measuring import Measurement, measure_workload
-from memfit.workload import SAMPLES_READ, readable_samples
-from memfit.workload_spec import WorkloadSpec
+from memfit.measuring.child import open_measurer
+from memfit.measuring.measurer import Measurement, measure_workload
+from memfit.process.runner import ChildWorker, run_in_child
+from memfit.search.child import dataset_size
+from memfit.workload.spec import WorkloadSpec
+from memfit.workload.workload import SAMPLES_READ, readable_samples
 
 # Why an in-process search refuses a MODEL string.
 IN_PROCESS_MODEL = (
@@ -52,7 +55,7 @@ class TrialRunner:
             isolated: this process holds no model: the child loads `workload`'s MODEL
                 string, or a saved copy of `model`.
         """
-        from memfit.isolate import child_spec, save_for_child
+        from memfit.measuring.isolate import child_spec, save_for_child
 
         self.budget = budget
         self.worst_case = workload.worst_case
@@ -122,11 +125,9 @@ class TrialRunner:
         self.worker = self._new_child()
 
     def _new_child(self) -> Any:
-        from memfit._runner import ChildWorker
-
         assert self._child_workload is not None
         kwargs = {"workload": self._child_workload.to_json(), "warm_relaxed": True}
-        worker = ChildWorker("memfit._child:open_measurer", kwargs, budget=self.budget)
+        worker = ChildWorker(open_measurer, kwargs, budget=self.budget)
         worker.start()
         return worker
 
@@ -189,7 +190,7 @@ class TrialRunner:
                 continuous=soak,
             )
             return m, False, first
-        from memfit.isolate import measurement_from_child
+        from memfit.measuring.isolate import measurement_from_child
 
         fresh = self._worker_trials == 0
         self._worker_trials += 1
@@ -240,7 +241,5 @@ def _packages_of(model: Any) -> list[str]:
 
 
 def _child_dataset_size(spec: str) -> int | None:
-    from memfit._runner import run_in_child
-
-    size = run_in_child("memfit._child:dataset_size", {"spec": spec})
+    size = run_in_child(dataset_size, {"spec": spec})
     return None if size is None else int(size)

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from memfit.backend import tf as tfb
-from memfit.budget import as_budget, emulated_budget
+from memfit.budget.budget import as_budget, emulated_budget
 from memfit.errors import MemfitError
 from memfit.watch.console import WatchConsole
 from memfit.watch.emulated_input import batch_bytes, pipeline_warning

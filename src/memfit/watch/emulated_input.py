@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from memfit.budget import ENV_EMULATED_ON, emulated_budget
+from memfit.budget.budget import ENV_EMULATED_ON, emulated_budget
 from memfit.sizes import format_size
 
 # Less than this beyond the variables is not worth a line (a metric's state, RNG state).

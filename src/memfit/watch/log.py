@@ -177,7 +177,7 @@ class Run:
         end: the closing summary line, when the run ended cleanly.
         index: which run of the file it is (0 for the first).
         explanations: `{"type": "explain", ...}` lines: what was alive at a measured peak
-            (`memfit.explain.Explanation.to_dict()`), shown in the report.
+            (`memfit.measuring.explain.Explanation.to_dict()`), shown in the report.
     """
 
     path: str

@@ -33,7 +33,7 @@ def others_on_gpu(device: str) -> int | None:
     """
     if not device.startswith("GPU"):
         return None
-    from memfit import devices
+    from memfit.budget import devices
 
     gpus, problem = devices.nvml_gpus()
     index = int(device.split(":")[-1] or 0)

@@ -1,0 +1,4 @@
+"""Budget: the memory one device gives training.
+
+Named cards, the emulated card, the machine's devices, and what fits the budget.
+"""

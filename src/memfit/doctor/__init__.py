@@ -1,0 +1,1 @@
+"""Doctor: the preflight of a machine before training on it."""

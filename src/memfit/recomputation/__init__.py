@@ -1,0 +1,1 @@
+"""Recomputation: memfit's gradient checkpointing and where it cuts a model's layer graph."""
