@@ -82,8 +82,8 @@ try:
           "step_seconds": m.step_seconds, "peaks": m.peaks_bytes, "report": report,
           "estimate": estimated, "estimate_high": high})
 except Exception as exc:
-    from memfit.estimation import _not_applicable
-    emit({"error": _not_applicable(exc)})
+    from memfit.estimation.what_ifs import not_applicable
+    emit({"error": not_applicable(exc)})
 """
 
 

@@ -322,14 +322,14 @@ def test_cli_measure_recompute_on_a_subclassed_model_is_one_line(tmp_path: Any) 
 
 def test_estimate_what_if_that_cannot_build_is_one_not_applicable_line() -> None:
     """A RematScope mode that fails is a row 'not applicable: <why>', not a raw exception."""
-    from memfit.estimation import _not_applicable
+    from memfit.estimation.what_ifs import not_applicable
 
     keras_error = ValueError(
         'in user code:\n\n    File "functional.py", line 183, in call\n        outputs = '
         "self._run_through_graph(\n\n    ValueError: Output with path `0` is not connected"
     )
-    assert _not_applicable(keras_error) == ("not applicable: Output with path `0` is not connected")
-    assert _not_applicable(TypeError("bad mode\nmore")) == "not applicable: bad mode"
+    assert not_applicable(keras_error) == ("not applicable: Output with path `0` is not connected")
+    assert not_applicable(TypeError("bad mode\nmore")) == "not applicable: bad mode"
     # RematScope("larger_than") on a functional model: Keras wraps the cause twice.
     wrapped = ValueError(
         "in user code:\n\n    File \"trainer.py\", line 59, in train_step  *\n"
@@ -339,7 +339,7 @@ def test_estimate_what_if_that_cannot_build_is_one_not_applicable_line() -> None
         "when eager execution is enabled.\x1b[0m\n    \n"
         "    Arguments received by Functional.call():\n      • training=True\n"
     )
-    assert _not_applicable(wrapped) == (
+    assert not_applicable(wrapped) == (
         "not applicable: The custom_gradient decorator currently supports keywords arguments "
         "only when eager execution is enabled."
     )

@@ -88,14 +88,14 @@ from tensorflow.core.framework import graph_pb2
 from memfit.backend import tf as tfb
 tf = tfb.import_tf()
 import keras
-from memfit.estimation import _start_trace
+from memfit.estimation.replayed import start_trace
 from memfit.workload.workload import Workload
 
 model = keras.applications.MobileNetV2(
     weights=None, input_shape=(64, 64, 3), classes=10, alpha=0.35
 )
 model.compile("adam", "sparse_categorical_crossentropy")
-rank = _start_trace(Workload(model), 8, "sqrt").result().node_rank
+rank = start_trace(Workload(model), 8, "sqrt").result().node_rank
 memfit.measure(model, 8, repeats=1, recompute="sqrt")  # TensorFlow dumps the graph it runs
 dumps = glob.glob(os.path.join(os.environ["TF_DUMP_GRAPH_PREFIX"], "*after_graph_optimization*"))
 ran = graph_pb2.GraphDef()

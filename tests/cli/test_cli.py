@@ -132,12 +132,12 @@ def test_a_what_if_row_says_whether_it_saves_or_adds_memory():
 
 
 def _leave_with(monkeypatch, code, *, tensorflow=True, threads=()):
-    """`memfit.cli._leave(code)`, its exits recorded instead of taken."""
+    """`memfit.cli.app._leave(code)`, its exits recorded instead of taken."""
     import sys
     import threading
     import types
 
-    import memfit.cli as cli_module
+    import memfit.cli.app as cli_module
 
     calls = []
     if tensorflow:

@@ -77,7 +77,7 @@ SAME_ROWS = """
 import time
 import memfit
 import os
-from memfit.estimation import ENV_HELPER, _helper, _variants
+from memfit.estimation.what_ifs import ENV_HELPER, helper_arguments, what_if_variants
 from memfit.estimation.helper import WhatIfQueue
 
 # Every what-if made in this process (no helper).
@@ -87,8 +87,8 @@ rows = {row["change"]: row for row in alone.what_ifs}
 
 # The same what-ifs made by the helper process only (this process takes none).
 del os.environ[ENV_HELPER]
-variants = _variants([(64, 64, 3)], None)
-queue = WhatIfQueue(_helper({"model": "factories:small_cnn", "batch_size": 8}))
+variants = what_if_variants([(64, 64, 3)], None)
+queue = WhatIfQueue(helper_arguments({"model": "factories:small_cnn", "batch_size": 8}))
 queue.add(variants)
 deadline = time.monotonic() + 300
 while len(queue.made) < len(variants) and time.monotonic() < deadline:

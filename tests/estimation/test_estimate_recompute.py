@@ -34,10 +34,10 @@ def _chain() -> Any:
 
 def _traced(recompute: Any) -> Any:
     """The chain's training step at batch 16, traced (not run)."""
-    from memfit.estimation import _start_trace
+    from memfit.estimation.replayed import start_trace
     from memfit.workload.workload import Workload
 
-    return _start_trace(Workload(_chain()), 16, recompute).result()
+    return start_trace(Workload(_chain()), 16, recompute).result()
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +57,7 @@ def _shared_head_step() -> Any:
     with recompute sqrt (each head call recomputed): the pending `TracedStep`."""
     import keras
 
-    from memfit.estimation import _start_trace
+    from memfit.estimation.replayed import start_trace
     from memfit.workload.workload import Workload
 
     inputs = keras.Input((64, 64, 3))
@@ -71,7 +71,7 @@ def _shared_head_step() -> Any:
     pooled = [keras.layers.GlobalAveragePooling2D()(head(level)) for level in levels]
     model = keras.Model(inputs, keras.layers.Dense(10)(keras.layers.Concatenate()(pooled)))
     model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    return _start_trace(Workload(model), 8, "sqrt")
+    return start_trace(Workload(model), 8, "sqrt")
 
 
 def test_a_custom_gradients_identity_n_grappler_keeps_stays_a_barrier() -> None:

@@ -10,6 +10,7 @@ from typing import Any
 from memfit.backend import tf as tfb
 from memfit.backend.tf_grappler import describe_as
 from memfit.backend.tf_kernels import assume_threads
+from memfit.estimation.what_ifs import estimate_variant
 from memfit.workload.spec import WorkloadSpec
 
 
@@ -33,8 +34,6 @@ def open_what_if_estimator(
     for entry in path or []:
         if entry not in sys.path:
             sys.path.append(entry)
-    # Here, not at the top: the estimate imports this module (its helper) first.
-    from memfit.estimation import estimate_variant
 
     describe_as(gpus=gpus)
     tfb.import_keras()  # now, while the parent traces its own step
