@@ -10,7 +10,7 @@ from memfit.measuring.child import measure_spec
 from memfit.process.runner import run_in_child
 from memfit.workload.spec import WorkloadSpec
 
-HERE = os.path.dirname(__file__)
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.mark.slow

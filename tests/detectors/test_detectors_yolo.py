@@ -17,7 +17,7 @@ from helpers import run_cli, run_isolated
 
 pytest.importorskip("kyolo")
 
-TESTS = os.path.dirname(os.path.abspath(__file__))
+TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SRC = os.path.join(os.path.dirname(TESTS), "src")
 ENV = {"PYTHONPATH": os.pathsep.join([SRC, TESTS]), "YOLO_SIZE": "128"}
 MODEL = ("mypkg.detectors:yolo", "--data", "mypkg.detectors:yolo_data")

@@ -17,7 +17,7 @@ from helpers import run_cli, run_isolated
 
 pytest.importorskip("keras_hub")
 
-TESTS = os.path.dirname(os.path.abspath(__file__))
+TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SRC = os.path.join(os.path.dirname(TESTS), "src")
 ENV = {"PYTHONPATH": os.pathsep.join([SRC, TESTS]), "DFINE_SIZE": "64"}
 MODEL = ("mypkg.detectors:dfine", "--data", "mypkg.detectors:dfine_data")

@@ -21,7 +21,7 @@ from memfit.errors import MemfitError
 from memfit.measuring.replicas import per_replica_batch, replica_budget, replica_count
 from memfit.planning import Plan
 
-TESTS = os.path.dirname(__file__)
+TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_a_global_batch_splits_evenly_or_says_which_sizes_would() -> None:

@@ -25,7 +25,7 @@ from memfit.process.runner import entry_name
 from memfit.training.child import confirm_plan
 from memfit.workload.spec import WorkloadSpec
 
-TESTS = os.path.dirname(__file__)
+TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = {"PYTHONPATH": TESTS}
 # MobileNet (v1): a built-in that builds and traces in about 6 s less CPU a process than
 # MobileNetV2 (measured), and every command here builds it in one process or more.

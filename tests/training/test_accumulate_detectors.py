@@ -15,7 +15,7 @@ import os
 import pytest
 from helpers import run_isolated
 
-TESTS = os.path.dirname(os.path.abspath(__file__))
+TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SRC = os.path.join(os.path.dirname(TESTS), "src")
 ENV = {"PYTHONPATH": os.pathsep.join([SRC, TESTS])}
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from helpers import run_isolated
 
-TESTS = os.path.dirname(os.path.abspath(__file__))
+TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # Children train factories.detector_cnn (convolutions, global pooling, a box head) on
 # factories.box_shards / box_dataset (two shards, the later at twice the resolution).

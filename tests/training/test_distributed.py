@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-WORKER = Path(__file__).with_name("distributed_worker.py")
+WORKER = Path(__file__).resolve().parents[1] / "distributed_worker.py"
 TIMEOUT = 240  # a hung collective ends here, as a failure
 
 

@@ -6,6 +6,7 @@ test_models.py covers the warning for an uncompiled softmax model; these cover t
 
 from __future__ import annotations
 
+import os
 import warnings
 from typing import Any
 
@@ -23,6 +24,7 @@ from memfit.workload.workload import (
 )
 
 keras = tf.keras
+TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _dense(units: int, activation: str | None, features: int = 4) -> Any:
@@ -289,7 +291,6 @@ def test_state_variables_hold_weights_and_optimizer_state_once_each() -> None:
 def test_a_batch_on_an_emulated_card_is_held_in_its_allocator() -> None:
     # A GPU holds the batch a step reads; on a CPU TensorFlow keeps a NumPy array outside its
     # allocator, so on a card emulated there the batch is copied in (`tfb.hold_on_device`).
-    import os
 
     from helpers import run_isolated
 
@@ -316,7 +317,7 @@ def test_a_batch_on_an_emulated_card_is_held_in_its_allocator() -> None:
             "same": bool(tf.reduce_all(x == workload.batch(16)[0])),
         })
         """,
-        env={"MEMFIT_MEMORY": "1GiB", "PYTHONPATH": os.path.dirname(__file__)},
+        env={"MEMFIT_MEMORY": "1GiB", "PYTHONPATH": TESTS},
     )
     assert got["plain"] == 0  # what TensorFlow does with a NumPy array on a CPU
     assert got["batch"] <= got["held"] <= got["batch"] + 2 * 256

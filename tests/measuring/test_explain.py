@@ -21,7 +21,7 @@ from memfit.measuring.explain import (
     live_at_peak,
 )
 
-TESTS = os.path.dirname(__file__)
+TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = {"PYTHONPATH": TESTS}
 MIB = 2**20
 

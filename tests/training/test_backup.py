@@ -18,7 +18,7 @@ from helpers import run_isolated
 from memfit.training.checkpoint import BACKUP_FILE, read_checkpoint
 from memfit.training.preemption import PREEMPTED_EXIT_CODE
 
-TESTS = os.path.dirname(os.path.abspath(__file__))
+TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # A child that trains factories.small_cnn for 3 epochs of 6 batches with backup_dir. At update
 # READY_AT it writes BACKUP.ready and waits (up to 5 s, until BACKUP.sent) in a callback, for
