@@ -170,11 +170,11 @@ def run_memfit(method: str, case: Case, budget: Any, seen: dict[int, list[bool]]
     start = time.perf_counter()
     result = memfit.find_batch_size(
         model,
-        budget,
+        budget=budget,
         isolated=not in_process,
         input_shape=case.input_shape,
         data=data,
-        on_trial=on_trial,
+        progress=on_trial,
         **options,
     )
     return {

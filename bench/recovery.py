@@ -199,12 +199,12 @@ def bench_planner(
     chosen = memfit.plan(
         case.spec,
         case.batch,
-        budget,
+        budget=budget,
         precisions=precisions,
         remat_modes=remats,
         input_shape=case.input_shape,
         data=case.data,
-        on_candidate=show,
+        progress=show,
     )
     plan_seconds = time.perf_counter() - start
     grid = []

@@ -17,5 +17,5 @@ model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
 for batch_size in (8, 32):
     print(memfit.measure(model, batch_size, repeats=2))
 
-result = memfit.find_batch_size(model, margin=0.05, max_batch=48, on_trial=print)
+result = memfit.find_batch_size(model, margin=0.05, max_batch=48, progress=print)
 print(result.summary())

@@ -87,7 +87,7 @@ def test_the_python_api_says_the_same_about_a_bad_batch_size():
         "measure": lambda: memfit.measure(object(), 0),
         "measure_many": lambda: memfit.measure_many(object(), [4, 0]),
         "estimate": lambda: memfit.estimate("keras.applications.MobileNetV2", 0),
-        "plan": lambda: memfit.plan("keras.applications.MobileNetV2", 0, "1GiB"),
+        "plan": lambda: memfit.plan("keras.applications.MobileNetV2", 0, budget="1GiB"),
     }
     for name, call in calls.items():
         with pytest.raises(WorkloadError) as caught:
@@ -100,8 +100,8 @@ def test_the_python_api_says_the_same_about_a_bad_batch_size():
 def test_the_python_api_says_the_same_about_a_bad_margin_and_counts():
     model = "keras.applications.MobileNetV2"
     for call in (
-        lambda: memfit.plan(model, 8, "1GiB", margin=1.5),
-        lambda: memfit.find_batch_size(model, "1GiB", margin=1.5, isolated=True),
+        lambda: memfit.plan(model, 8, budget="1GiB", margin=1.5),
+        lambda: memfit.find_batch_size(model, budget="1GiB", margin=1.5, isolated=True),
     ):
         with pytest.raises(MemfitError) as caught:
             call()
@@ -109,11 +109,11 @@ def test_the_python_api_says_the_same_about_a_bad_margin_and_counts():
     with pytest.raises(WorkloadError, match="^repeats must be a whole number of at least 1"):
         memfit.measure(object(), 4, repeats=0)
     with pytest.raises(WorkloadError, match="^confirm_steps must be a whole number of at least"):
-        memfit.plan(model, 8, "1GiB", confirm_steps=0)
+        memfit.plan(model, 8, budget="1GiB", confirm_steps=0)
     with pytest.raises(WorkloadError, match="^max_batch must be a whole number of at least 1"):
-        memfit.find_batch_size(model, "1GiB", max_batch=0, isolated=True)
+        memfit.find_batch_size(model, budget="1GiB", max_batch=0, isolated=True)
     with pytest.raises(WorkloadError, match="^soak_steps must be a whole number of at least 0"):
-        memfit.find_batch_size(model, "1GiB", soak_steps=-1, isolated=True)
+        memfit.find_batch_size(model, budget="1GiB", soak_steps=-1, isolated=True)
 
 
 @pytest.mark.parametrize(

@@ -21,6 +21,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "src" / "memfit"
 LAYERS: list[set[str]] = [
     {"errors"},
     {"sizes", "serialize", "checks"},
+    {"console"},
     {"backend"},
     {"budget"},
     {"process"},

@@ -4,20 +4,81 @@ A batch size, a count (steps, repeats, micro-batches, the largest batch to try, 
 the soak's steps and the margin (the share of the budget kept free) are checked here and
 nowhere else, so that `memfit.measure`, `estimate`, `find_batch_size`, `plan`, `fit`, the
 child processes and the CLI say the same thing about the same mistake. The margin's default
-lives here too.
+lives here too, and `keyword_only`, which keeps an old positional spelling working for one
+release.
 
 This module imports nothing of memfit but its errors, so any module may use it.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 import numbers
-from typing import Any
+import warnings
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from memfit.errors import MemfitError, WorkloadError
 
 DEFAULT_MARGIN = 0.05
 """Share of the budget kept free by default (the peak stays below 95% of it)."""
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def keyword_only(*names: str) -> Callable[[F], F]:
+    """Let keyword-only `names` still be given by position, with a `DeprecationWarning`.
+
+    For arguments that were positional in an earlier release: a call that passes them after
+    the positional ones works as before, and is told to name them.
+
+    Args:
+        names: the keyword-only arguments, in the order they used to come.
+
+    Example:
+        >>> @keyword_only("budget")
+        ... def search(model, *, budget=None):
+        ...     return budget
+        >>> search("m", budget="1GiB")
+        '1GiB'
+    """
+
+    def decorate(function: F) -> F:
+        positional = [
+            p.name
+            for p in inspect.signature(function).parameters.values()
+            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+        ]
+
+        @functools.wraps(function)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            extra = args[len(positional) :]
+            if extra:
+                if len(extra) > len(names):
+                    raise TypeError(
+                        f"{function.__name__}() takes {len(positional)} positional arguments "
+                        f"but {len(args)} were given"
+                    )
+                for name, value in zip(names, extra, strict=False):
+                    if name in kwargs:
+                        raise TypeError(
+                            f"{function.__name__}() got multiple values for argument {name!r}"
+                        )
+                    kwargs[name] = value
+                given = ", ".join(f"{name}=" for name in names[: len(extra)])
+                warnings.warn(
+                    f"{function.__name__}: pass {given} by name; by position it stops working "
+                    f"in the next release",
+                    DeprecationWarning,
+                    stacklevel=2,
+                )
+                args = args[: len(positional)]
+            return function(*args, **kwargs)
+
+        return wrapper  # type: ignore[return-value]
+
+    return decorate
 
 
 def check_whole_number(

@@ -16,7 +16,7 @@ def test_plan_splits_a_batch_that_does_not_fit_and_fit_follows_it() -> None:
     result = run_isolated(
         """
 import memfit, numpy as np
-p = memfit.plan("factories:small_cnn", 64, "150MiB", precisions=["float32"],
+p = memfit.plan("factories:small_cnn", 64, budget="150MiB", precisions=["float32"],
                 remat_modes=[None])
 m = memfit.load_model("factories:small_cnn")
 x = np.zeros((64, 64, 64, 3), "float32"); y = np.zeros((64,), "int64")

@@ -108,7 +108,7 @@ def estimate(
             budget=budget,
             precision=precision,
             remat=remat,
-            on_progress=report,
+            progress=report,
             **named,
             **reach,
         )

@@ -17,8 +17,8 @@ from memfit.cli.options import (
     workload_command,
 )
 from memfit.cli.render import answer, err, render_summary
+from memfit.console.progress import trial_line
 from memfit.search import DEFAULT_SOAK_STEPS
-from memfit.search.progress import trial_line
 from memfit.workload.spec import WorkloadSpec
 
 
@@ -84,7 +84,7 @@ def batch(
             max_batch=max_batch,
             margin=margin,
             soak_steps=soak_steps,
-            on_trial=show,
+            progress=show,
             replicas=replicas,
         )
     answer(result, as_json, render_summary, result.fits)

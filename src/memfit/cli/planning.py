@@ -10,8 +10,8 @@ from rich.table import Table
 from memfit.budget.budget import Budget, resolve_budget
 from memfit.cli.options import margin_option, replica_budget_specs, workload_command
 from memfit.cli.render import answer, err, out, render_summary
+from memfit.console.progress import candidate_line
 from memfit.measuring.replicas import per_replica_batch
-from memfit.search.progress import candidate_line
 from memfit.sizes import format_size
 from memfit.workload.spec import WorkloadSpec
 
@@ -92,7 +92,7 @@ def plan(
             margin=margin,
             precisions=list(precisions) or None,
             remat_modes=[None if m == "none" else m for m in remat_modes] or None,
-            on_candidate=show,
+            progress=show,
             confirm=not no_confirm,
             replicas=replicas,
         )

@@ -17,6 +17,7 @@ from typing import Any
 from memfit.backend.tf_kernels import assume_threads
 from memfit.budget.budget import Budget, as_budget, emulated_budget
 from memfit.checks import check_batch_size, check_positive_int, check_threads
+from memfit.console.progress import Progress, shows_progress
 from memfit.errors import WorkloadError
 from memfit.estimation.bounds import RUN_STEPS, SAMPLES
 from memfit.estimation.helper import WhatIfQueue
@@ -47,6 +48,9 @@ from memfit.workload.spec import KERAS_REMAT_MODES, PRECISIONS
 from memfit.workload.workload import InputShape, Workload
 
 
+@shows_progress(
+    "on_progress", lambda a: f"estimating batch {a['batch_size']}", "phase", deprecated=True
+)
 def estimate(
     model: Any,
     batch_size: int,
@@ -67,6 +71,7 @@ def estimate(
     step_fn: Callable[[Any, Any], Any] | None = None,
     overrides: Any = (),
     params: Any = (),
+    progress: Progress = None,
 ) -> Estimate:
     """Predict the peak memory of one training step of `model` at `batch_size`, without running.
 
@@ -99,7 +104,7 @@ def estimate(
             highest of 5 steps after a warm-up, as `--check` measures).
         threads: `(inter, intra)` thread counts of the machine to estimate for (default:
             what TensorFlow uses in this process: as set, else one per CPU it may run on).
-        on_progress: called with a short text at each phase.
+        on_progress: deprecated, `progress=callable` instead.
         step_fn: a step spec: `step_fn(data, optimizer) -> logs`, the whole training step of
             `model` (Keras 3 or tf_keras) with `optimizer`; `data` is then a callable
             `batch_size -> batch` or an unbatched `tf.data.Dataset`. `tf.function(step_fn)`
@@ -107,6 +112,9 @@ def estimate(
         overrides: for a `garden:` task (`model="garden:EXPERIMENT"`), `key.path=value`
             strings applied to its experiment config; its `train_step` is traced.
         params: for a `garden:` task, YAML/JSON files or texts applied to its config first.
+        progress: show the phases on stderr (a spinner): None (default) when stderr is a
+            terminal or a notebook, True / False, or a callable that receives each
+            phase's text instead (`memfit.console.progress`).
 
     Returns:
         An `Estimate`.
@@ -120,7 +128,7 @@ def estimate(
     arguments = dict(locals())  # the helper process rebuilds the workload from them
     check_batch_size(batch_size)
     steps = check_positive_int(steps, "steps")
-    progress = on_progress or (lambda _text: None)
+    report = on_progress or (lambda _text: None)
     if step_fn is not None or (isinstance(model, str) and model.startswith("garden:")):
         if precision or remat or what_ifs:
             raise WorkloadError(
@@ -139,7 +147,7 @@ def estimate(
             samples,
             steps,
             threads,
-            progress,
+            report,
         )
     check_choice("precision", precision, PRECISIONS)
     check_choice("remat", remat, KERAS_REMAT_MODES)
@@ -163,7 +171,7 @@ def estimate(
         return Workload(target, optimizer=optimizer, loss=loss, input_shape=input_shape, data=data)
 
     def sampled(done: int, total: int) -> None:
-        progress(f"the high bound: process {done} of {total} replayed")
+        report(f"the high bound: process {done} of {total} replayed")
 
     assumed = assume_threads(*check_threads(threads)) if threads else contextlib.nullcontext()
     with assumed, young_collections(), contextlib.ExitStack() as stack:
@@ -174,7 +182,7 @@ def estimate(
             # and takes the what-ifs that rebuild the model beside this process.
             queue = WhatIfQueue(helper_arguments(arguments) if rebuild else None)
             stack.callback(queue.close)
-        progress(f"tracing the step at batch {batch_size}")
+        report(f"tracing the step at batch {batch_size}")
         with step_errors():
             workload = build()
         variants = what_if_variants(sample_shapes(workload), optimizer) if rebuild else []
@@ -188,7 +196,7 @@ def estimate(
         if queue is not None:
             # The first what-if's step is traced while grappler works on this one (on its
             # thread), instead of after waiting for it.
-            progress("what if: recompute sqrt")
+            report("what if: recompute sqrt")
             early = begin_trace(
                 lambda: workload, {"batch_size": int(batch_size), "recompute": "sqrt"}
             )
@@ -220,7 +228,7 @@ def estimate(
                     build,
                     variants,
                     queue,
-                    progress,
+                    report,
                     bounded,
                     early,
                 )

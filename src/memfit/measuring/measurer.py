@@ -13,6 +13,7 @@ import numpy as np
 from memfit.backend import tf as tfb
 from memfit.budget.budget import Budget, as_budget, emulated_budget
 from memfit.checks import check_batch_size, check_positive_int
+from memfit.console.progress import Progress, shows_progress
 from memfit.errors import WorkloadError
 from memfit.measuring.measurement import Measurement  # also memfit.measuring.measurer.Measurement
 from memfit.sizes import format_size
@@ -23,6 +24,9 @@ from memfit.workload.workload import InputShape, Workload
 DEFAULT_REPEATS = 3
 
 
+@shows_progress(
+    "on_progress", lambda a: f"measuring batch {a['batch_size']}", "phase", deprecated=True
+)
 def measure(
     model: Any,
     batch_size: int,
@@ -43,6 +47,7 @@ def measure(
     step_fn: Callable[[Any, Any], Any] | None = None,
     overrides: Any = (),
     params: Any = (),
+    progress: Progress = None,
 ) -> Measurement:
     """Run one real training step of `model` at `batch_size` and measure its peak memory.
 
@@ -79,7 +84,7 @@ def measure(
         worst_case: with `data`, build the batch from the dataset's largest samples.
         micro_batches: measure the step `memfit.fit` runs with this many micro-batches
             (gradients accumulated over them, one update) instead of the model's `train_step`.
-        on_progress: called with a short text at each phase (for progress displays).
+        on_progress: deprecated, `progress=callable` instead.
         recompute: measure the step with memfit's recompute (gradient checkpointing): a
             `segments=` policy of `memfit.recompute` (`"sqrt"`, a count, a size, layer
             names; True means `"sqrt"`), or (in process) a `memfit.Recompute` of `model`.
@@ -96,6 +101,9 @@ def measure(
         overrides: for a `garden:` task, `key.path=value` strings applied to its experiment
             config (`task.model.input_size=[128,128,3]`).
         params: for a `garden:` task, YAML/JSON files or texts applied to its config first.
+        progress: show the phases on stderr (a spinner): None (default) when stderr is a
+            terminal or a notebook, True / False, or a callable that receives each
+            phase's text instead (`memfit.console.progress`).
 
     Returns:
         A `Measurement`; `oom=True` when the step ran out of memory.

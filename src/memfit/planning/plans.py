@@ -10,7 +10,14 @@ from typing import Any
 
 from memfit.budget.budget import Budget, as_budgets, emulated_budget, tightest_index
 from memfit.budget.fitting import limit_bytes
-from memfit.checks import DEFAULT_MARGIN, check_batch_size, check_margin, check_positive_int
+from memfit.checks import (
+    DEFAULT_MARGIN,
+    check_batch_size,
+    check_margin,
+    check_positive_int,
+    keyword_only,
+)
+from memfit.console.progress import Progress, shows_progress
 from memfit.errors import MemfitError
 from memfit.measuring.replicas import per_replica_batch, replica_count, workload_replica_budget
 from memfit.planning.planner import Planner
@@ -22,7 +29,6 @@ from memfit.planning.strategy import (
     dividing_k_values,
 )
 from memfit.planning.trials import CONFIRM_OOM_GRACE
-from memfit.search.progress import Progress, shows_progress
 from memfit.training.plan import TASK_PRECISION, Candidate, Plan
 from memfit.workload.spec import PRECISIONS, WorkloadSpec
 
@@ -44,6 +50,7 @@ __all__ = [
 DEFAULT_CONFIRM_STEPS = 20
 
 
+@keyword_only("budget")
 @shows_progress(
     "on_candidate",
     lambda a: (
@@ -52,12 +59,13 @@ DEFAULT_CONFIRM_STEPS = 20
         + ": estimating, measuring, confirming"
     ),
     "candidate",
+    deprecated=True,
 )
 def plan(
     model: Any,
     batch_size: int,
-    budget: Budget | str | int | None = None,
     *,
+    budget: Budget | str | int | None = None,
     margin: float = DEFAULT_MARGIN,
     precisions: Sequence[str] | None = None,
     remat_modes: Sequence[str | None] | None = None,
@@ -126,7 +134,7 @@ def plan(
         confirm_steps: steps of the confirmation run (default 20).
         progress: a spinner and one line per candidate on stderr, as the CLI shows them;
             default on when stderr is a terminal and no `on_candidate` is given; False turns
-            it off, a callable receives each `Candidate` instead (`memfit.search.progress`).
+            it off, a callable receives each `Candidate` instead (`memfit.console.progress`).
         replicas: data-parallel replicas sharing `batch_size` (default 1, or the strategy's,
             or one per budget given); `batch_size` must be divisible by it.
         strategy: a `tf.distribute` strategy whose `num_replicas_in_sync` gives `replicas`.
@@ -140,9 +148,10 @@ def plan(
 
     Example:
         ```python
-        p = memfit.plan("mypkg.models:build", 256, "T4")  # a factory: K, precision, recompute
+        # A factory: K, precision and recompute for an effective batch of 256 on a T4.
+        p = memfit.plan("mypkg.models:build", 256, budget="T4")
         print(p.summary())
-        two = memfit.plan("mypkg.models:build", 256, ["T4", "L4"])  # 2 replicas, 128 each
+        two = memfit.plan("mypkg.models:build", 256, budget=["T4", "L4"])  # 2 replicas, 128 each
         ```
     """
     workload, model = WorkloadSpec.from_arguments(locals())

@@ -12,11 +12,17 @@ from memfit.budget.fitting import (
     limit_bytes,
     next_guess,
 )
-from memfit.checks import DEFAULT_MARGIN, check_margin, check_positive_int, check_soak_steps
+from memfit.checks import (
+    DEFAULT_MARGIN,
+    check_margin,
+    check_positive_int,
+    check_soak_steps,
+    keyword_only,
+)
+from memfit.console.progress import Progress, shows_progress
 from memfit.errors import MemfitError, WorkloadError
 from memfit.measuring.replicas import replica_count, workload_replica_budget
 from memfit.search import strategy
-from memfit.search.progress import Progress, shows_progress
 from memfit.search.result import BatchSearchResult, Trial
 from memfit.search.strategy import DEFAULT_SOAK_STEPS, SOAK_RISE
 from memfit.search.trials import IN_PROCESS_MODEL, TrialRunner
@@ -25,6 +31,7 @@ from memfit.workload.spec import WorkloadSpec
 from memfit.workload.workload import InputShape
 
 
+@keyword_only("budget")
 @shows_progress(
     "on_trial",
     lambda a: (
@@ -32,11 +39,12 @@ from memfit.workload.workload import InputShape
         + (f" for {a['budget']}" if a["budget"] is not None else "")
     ),
     "trial",
+    deprecated=True,
 )
 def find_batch_size(
     model: Any,
-    budget: Budget | str | int | None = None,
     *,
+    budget: Budget | str | int | None = None,
     max_batch: int | None = None,
     margin: float = DEFAULT_MARGIN,
     data: Any = None,
@@ -105,7 +113,7 @@ def find_batch_size(
             a model) that runs Python code, such as a Lambda layer.
         progress: a spinner and one line per trial on stderr, as the CLI shows them; default
             on when stderr is a terminal and no `on_trial` is given; False turns it off, a
-            callable receives each `Trial` instead (`memfit.search.progress`).
+            callable receives each `Trial` instead (`memfit.console.progress`).
         replicas: data-parallel replicas (default 1, or the strategy's, or one per budget
             when `budget` is a list). Each replica holds the whole model and optimizer state
             and runs the step on its share of the global batch, so the search finds the

@@ -135,7 +135,7 @@ class Plan:
 
         Example:
             ```python
-            plan = memfit.plan("mypkg.models:build", 256, "T4")
+            plan = memfit.plan("mypkg.models:build", 256, budget="T4")
             with plan.build_scope():
                 model = mypkg.models.build()
             memfit.fit(model, x, y, batch_size=256, plan=plan)

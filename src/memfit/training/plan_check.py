@@ -82,7 +82,7 @@ def check_plan(model: Any, plan: Any) -> None:
 
     Example:
         ```python
-        plan = memfit.plan("mypkg.models:build", 256, "T4")
+        plan = memfit.plan("mypkg.models:build", 256, budget="T4")
         with plan.build_scope():                   # the plan's precision and recompute
             model = mypkg.models.build()
         memfit.fit(model, x, y, batch_size=256, plan=plan)

@@ -1,13 +1,18 @@
-"""Progress of long work in Python: what `find_batch_size` and `plan` are doing, as it happens.
+"""Progress of long work in Python: what `measure`, `estimate`, `find_batch_size` and `plan` do.
 
-The CLI shows a spinner and one line per trial or candidate; in Python the same display is on
-by default when stderr is a terminal (or a notebook), so a search that takes minutes is not
-silent. Each public entry point takes `progress`:
+The CLI shows a spinner and one line per trial or candidate (the phase, for a measurement or
+an estimate); in Python the same display is on by default when stderr is a terminal (or a
+notebook), so work that takes minutes is not silent. Each public entry point takes
+`progress`:
 
 - `None` (default): on when stderr is a terminal or a Jupyter notebook and no event callback
-  (`on_trial`, `on_candidate`) was given, since a caller with a callback shows its own;
+  was given, since a caller with a callback shows its own;
 - `True` / `False`: on / off;
-- a callable: receives each event (a `Trial`, a `Candidate`), and nothing is printed.
+- a callable: receives each event (a phase's text for `measure` and `estimate`, a `Trial` for
+  `find_batch_size`, a `Candidate` for `plan`), and nothing is printed.
+
+The older event callbacks (`on_progress`, `on_trial`, `on_candidate`) still work, with a
+`DeprecationWarning`: `progress=callable` receives the same events.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from __future__ import annotations
 import functools
 import inspect
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
@@ -26,7 +32,11 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 def shows_progress(
-    callback: str, title: Callable[[dict[str, Any]], str], line: str
+    callback: str,
+    title: Callable[[dict[str, Any]], str],
+    line: str,
+    *,
+    deprecated: bool = False,
 ) -> Callable[[F], F]:
     """Decorate an entry point so that its `progress` argument displays its `callback` events.
 
@@ -37,8 +47,10 @@ def shows_progress(
     Args:
         callback: the name of the function's event callback argument (`"on_trial"`).
         title: the spinner's text from the call's arguments (by name, defaults applied).
-        line: which formatter of this module turns an event into a line: `"trial"` or
-            `"candidate"`.
+        line: how an event is shown: `"trial"` or `"candidate"` (one line each, by this
+            module's formatters), or `"phase"` (a text that replaces the spinner's).
+        deprecated: the callback argument is an old spelling of `progress=callable`: a
+            caller who passes it gets a `DeprecationWarning`.
 
     Example:
         ```python
@@ -46,7 +58,7 @@ def shows_progress(
         def find_batch_size(model, *, on_trial=None, progress=None): ...
         ```
     """
-    formatter = {"trial": trial_line, "candidate": candidate_line}[line]
+    formatter = {"trial": trial_line, "candidate": candidate_line, "phase": None}[line]
 
     def decorate(function: F) -> F:
         signature = inspect.signature(function)
@@ -57,6 +69,13 @@ def shows_progress(
             bound.apply_defaults()
             arguments = bound.arguments
             given = arguments.get(callback)
+            if deprecated and given is not None:
+                warnings.warn(
+                    f"{function.__name__}({callback}=...) is deprecated and goes in the next "
+                    f"release: pass progress=<callable>, which receives the same events",
+                    DeprecationWarning,
+                    stacklevel=2,
+                )
             with display(arguments.get("progress"), title(arguments), formatter, given) as show:
                 if show is not None:
                     arguments[callback] = _chain(given, show)
@@ -72,7 +91,7 @@ def shows_progress(
 def display(
     progress: Progress,
     title: str,
-    formatter: Callable[[Any], str],
+    formatter: Callable[[Any], str] | None,
     callback: Callable[[Any], None] | None = None,
 ) -> Iterator[Callable[[Any], None] | None]:
     """Show a spinner with `title` and one line per event on stderr, while the block runs.
@@ -82,7 +101,8 @@ def display(
     Args:
         progress: see the module: None (automatic), True, False, or a callable.
         title: what the work is, e.g. `"memfit.find_batch_size: measuring batch sizes"`.
-        formatter: turns an event into one line (rich markup).
+        formatter: turns an event into one line (rich markup); None: each event is a
+            phase's text, shown in the spinner's line instead of a line of its own.
         callback: the caller's own event callback; with progress None, one turns it off.
 
     Example:
@@ -110,6 +130,9 @@ def display(
     with console.status(f"{title} ...", spinner="dots") as status:
 
         def show(event: Any) -> None:
+            if formatter is None:
+                status.update(f"{title}: {event}, {_elapsed(started)}")
+                return
             count[0] += 1
             console.print(f"  {formatter(event)}")
             status.update(f"{title}: {count[0]} so far, {_elapsed(started)}")

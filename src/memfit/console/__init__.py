@@ -1,0 +1,1 @@
+"""Console: what memfit shows on a terminal while long work runs from Python."""
