@@ -138,6 +138,38 @@ def test_module_level_imports_have_no_cycle() -> None:
 
 
 @pytest.mark.parametrize("module", sorted(MODULES))
+def test_an_import_inside_a_function_says_why(module: str) -> None:
+    # memfit's own modules are imported at the top; one that stays inside a function (it
+    # imports Keras, or the two modules import each other) says why on the line above, and
+    # an optional one sits in a `try`. `if TYPE_CHECKING:` imports run at no time.
+    lines = MODULES[module].read_text().split("\n")
+    tree = ast.parse("\n".join(lines))
+    exempt = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            exempt |= {id(inner) for inner in ast.walk(node)}
+        elif isinstance(node, ast.Try):
+            exempt |= {id(inner) for part in node.body for inner in ast.walk(part)}
+    top = {id(node) for node in tree.body}
+    silent = [
+        node.lineno
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Import, ast.ImportFrom))
+        and id(node) not in top | exempt
+        and _is_memfit(node)
+        and not lines[node.lineno - 2].strip().startswith("#")
+        and "#" not in lines[node.lineno - 1]
+    ]
+    assert not silent, f"{module}: memfit imports inside functions, no reason given: {silent}"
+
+
+def _is_memfit(node: ast.Import | ast.ImportFrom) -> bool:
+    if isinstance(node, ast.ImportFrom):
+        return node.level == 0 and (node.module or "").split(".")[0] == "memfit"
+    return any(alias.name.split(".")[0] == "memfit" for alias in node.names)
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
 def test_every_child_process_is_given_its_function_not_a_name(module: str) -> None:
     tree = ast.parse(MODULES[module].read_text())
     named = [

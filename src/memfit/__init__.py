@@ -1,7 +1,6 @@
 """memfit: make TensorFlow/Keras training fit in memory and stay alive.
 
 Public API (everything else is private):
-
 - `Budget`, `emulate`: the memory a device gives training, and emulating a smaller card.
 - `measure`, `Measurement`: what one training step really costs; `Explanation`: what was
   alive at its peak (`measure(..., explain=True)`).
@@ -30,7 +29,7 @@ from __future__ import annotations
 from memfit import data  # subpackage; imports TensorFlow only when used
 from memfit.budget.budget import Budget
 from memfit.budget.cards import CARDS, Card, get_card
-from memfit.budget.emulation import emulate, emulate_from_environment
+from memfit.budget.emulation import defer_environment_error, emulate, emulate_from_environment
 from memfit.doctor.preflight import DoctorReport, Finding, doctor
 from memfit.errors import (
     BackendMissingError,
@@ -57,7 +56,7 @@ from memfit.sizes import format_size, parse_size
 from memfit.training.fitting import fit
 from memfit.training.guarded_step import GuardedStep
 from memfit.training.recovery import FitSummary, Recovery
-from memfit.watch import WatchFinding
+from memfit.watch import WatchFinding, watch_class
 from memfit.workload.models import load_model
 from memfit.workload.workload import Workload
 
@@ -118,8 +117,6 @@ def __getattr__(name: str) -> object:
     # `Watch` subclasses keras.callbacks.Callback: built on first use, so that `import memfit`
     # does not import Keras (emulation must come before TensorFlow initialises).
     if name == "Watch":
-        from memfit.watch import watch_class
-
         return watch_class()
     raise AttributeError(f"module 'memfit' has no attribute {name!r}")
 
@@ -153,7 +150,6 @@ def _emulate_from_environment() -> None:
     except MemfitError as error:
         if not _invoked_as_cli():
             raise
-        from memfit.budget.emulation import defer_environment_error
 
         defer_environment_error(error)
 

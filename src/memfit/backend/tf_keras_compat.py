@@ -16,6 +16,8 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+from memfit.backend.tf_import import import_keras
+
 
 def is_tf_keras(obj: Any) -> bool:
     """Whether `obj` (a model, layer or optimizer) is a tf_keras (Keras 2) object.
@@ -41,7 +43,6 @@ def is_model(obj: Any) -> bool:
         is_model("model.keras")                                  # False
         ```
     """
-    from memfit.backend.tf_import import import_keras
 
     if isinstance(obj, import_keras().Model):
         return True

@@ -21,7 +21,8 @@ from collections.abc import Callable
 from typing import Any
 
 from memfit.backend import tf as tfb
-from memfit.backend.attribution import AllocationRecord
+from memfit.backend.attribution import AllocationRecord, StepInfo, VariableInfo
+from memfit.backend.tf_layers import layer_tree, variable_owners
 from memfit.errors import MeasurementError
 
 _ALLOC = "MemoryAllocation"
@@ -265,8 +266,6 @@ def step_info(workload: Any) -> Any:
     Each model variable belongs to the innermost layer that holds it, each optimizer slot
     to the layer of the variable it was made for (`memfit.backend.tf_layers`).
     """
-    from memfit.backend.attribution import StepInfo, VariableInfo
-    from memfit.backend.tf_layers import layer_tree, variable_owners
 
     tf = tfb.import_tf()
     model = workload.model

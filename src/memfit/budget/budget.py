@@ -7,6 +7,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from memfit.backend import tf as tfb
 from memfit.budget import cards, devices
 from memfit.errors import MemfitError, UnknownDeviceError
 from memfit.serialize import json_dict
@@ -108,7 +109,6 @@ class Budget:
             return _gpu_budget_from_tensorflow(index, problem)
         gpu = gpus[index]
         cc = gpu.compute_capability or (8, 0)
-        from memfit.backend import tf as tfb
 
         reserve = tfb.min_system_memory(gpu.free_bytes, cc)
         return cls(
@@ -140,7 +140,6 @@ def _parse_device(device: str) -> tuple[str, int]:
 
 def _gpu_budget_from_tensorflow(index: int, problem: str | None) -> Budget:
     """GPU budget when NVML is missing: the limit TensorFlow's device reports (initialises it)."""
-    from memfit.backend import tf as tfb
 
     tf = tfb.import_tf()
     gpus = tf.config.list_physical_devices("GPU")

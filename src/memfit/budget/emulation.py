@@ -16,7 +16,9 @@ from memfit.budget.budget import (
     emulated_memory_growth,
     resolve_budget,
 )
+from memfit.budget.devices import host_memory
 from memfit.errors import BackendMissingError, EmulationError, MemfitError
+from memfit.sizes import format_size
 
 ENV_MEMORY = "MEMFIT_MEMORY"
 ENV_DEVICE = "MEMFIT_DEVICE"
@@ -146,8 +148,6 @@ def _cpu_region(name: str, limit: int, memory_growth: bool) -> bool:
 
     Returns whether the budget is one region (False: the allocator grows in regions).
     """
-    from memfit.budget.devices import host_memory
-    from memfit.sizes import format_size
 
     host = host_memory().total_bytes
     if limit <= host:
@@ -215,6 +215,5 @@ def ensure_memory_statistics() -> None:
             return
     except BackendMissingError:
         return
-    from memfit.budget.devices import host_memory
 
     tfb.set_cpu_allocator_limit(host_memory().available_bytes)

@@ -15,23 +15,27 @@ from typing import Any
 
 import click
 
+from memfit.backend import tf as tfb
+from memfit.backend.tf_garden import require_garden
 from memfit.budget.budget import (
+    ENV_MEMORY_GROWTH,
     Budget,
+    emulated_memory_growth,
     resolve_budget,
     resolve_budgets,
     split_budget_list,
     tightest_index,
 )
+from memfit.budget.emulation import emulate, ensure_memory_statistics
 from memfit.checks import DEFAULT_MARGIN, check_batch_size, check_margin
-from memfit.errors import MemfitError
+from memfit.errors import EmulationError, MemfitError
+from memfit.measuring.replicas import replica_count
 from memfit.workload.spec import WorkloadSpec
 
 
 def _memory_growth(_ctx: click.Context, _param: click.Parameter, value: bool) -> bool:
     # Read by `apply_budget` (and inherited by child processes) from the environment.
     if value:
-        from memfit.budget.budget import ENV_MEMORY_GROWTH
-
         os.environ[ENV_MEMORY_GROWTH] = "1"
     return value
 
@@ -71,8 +75,6 @@ def json_option(command: Callable[..., Any]) -> Callable[..., Any]:
 
 def apply_budget(memory: str | None, device: str | None) -> Budget | None:
     """Emulate the budget `--memory` / `--device` name, before TensorFlow initialises."""
-    from memfit.budget.budget import emulated_memory_growth
-    from memfit.budget.emulation import emulate, ensure_memory_statistics
 
     growth = emulated_memory_growth()
     budget = resolve_budget(memory=memory, device=device)
@@ -89,8 +91,6 @@ def apply_budget(memory: str | None, device: str | None) -> Budget | None:
 
 def require_growth_target() -> None:
     """`--memory-growth` needs a GPU, or an emulated card to apply to: say so on a CPU."""
-    from memfit.backend import tf as tfb
-    from memfit.errors import EmulationError
 
     if tfb.gpu_count() == 0:
         raise EmulationError(
@@ -162,8 +162,6 @@ def workload_options(command: Callable[..., Any]) -> Callable[..., Any]:
             params=params,
         )
         if workload.is_task:
-            from memfit.backend.tf_garden import require_garden
-
             require_garden(model)  # one line here, before any child process starts
         return command(*args, workload=workload, **kwargs)
 
@@ -286,7 +284,6 @@ def replica_budget_specs(
     Raises:
         MemfitError: an empty entry, an unknown card or size, or counts that disagree.
     """
-    from memfit.measuring.replicas import replica_count
 
     raw = memory if memory is not None else device
     if raw is None or "," not in raw:

@@ -7,10 +7,15 @@ import tempfile
 from typing import Any
 
 from memfit.backend import tf as tfb
+from memfit.budget.budget import emulated_budget
 from memfit.data.check_result import ImageInfo
 from memfit.measuring.isolate import measurement_from_child, save_for_child
+from memfit.measuring.measurer import measure_workload
 from memfit.process.runner import run_in_child
 from memfit.sizes import format_size
+from memfit.workload.models import load_model
+from memfit.workload.workload import Workload
+from memfit.zoo import detection_samples
 
 # A model that takes any size is measured at the largest image's own size up to this many
 # pixels (640 x 640); beyond, at a reference size, scaled by pixel count.
@@ -111,10 +116,6 @@ def measure_child(spec: str, batch_size: int, height: int, width: int) -> dict[s
         height: the largest image's height.
         width: the largest image's width.
     """
-    from memfit.budget.budget import emulated_budget
-    from memfit.measuring.measurer import measure_workload
-    from memfit.workload.models import load_model
-    from memfit.workload.workload import Workload
 
     model = load_model(spec)
     shape = None
@@ -133,8 +134,6 @@ def measure_child(spec: str, batch_size: int, height: int, width: int) -> dict[s
     channels = int(shape[2]) if shape and len(shape) == 3 and shape[2] else 3
     data = None
     if detector:
-        from memfit.zoo import detection_samples
-
         data = detection_samples(
             max(batch_size, 2), (h, w), num_classes=int(getattr(model, "num_classes", 20))
         )

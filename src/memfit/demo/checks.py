@@ -13,10 +13,12 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
+from memfit.budget.budget import Budget
 from memfit.demo.job import BATCH, LARGE, MEASURED_STEPS, TARGET_BATCH, Settings, write_data
 from memfit.demo.render import outcome_text, size_text
 from memfit.demo.training import train_memfit, train_plain
 from memfit.process.runner import run_in_child
+from memfit.sizes import parse_size
 
 
 class StepChecks:
@@ -48,7 +50,6 @@ class StepChecks:
         self.say(f"budget: {size_text(usable)} ({budget.get('name', '?')}); doctor exit {code}")
         for f in data.get("findings", [])[:4]:
             self.say(f"  {f.get('level', '')}: {f.get('message', '')}")
-        from memfit.sizes import parse_size
 
         ok = usable == parse_size(self.settings.memory)
         return ok, {"budget_bytes": usable, "exit_code": code}
@@ -182,7 +183,6 @@ class StepChecks:
         return ok, {"accumulation_steps": k, "micro_batch_size": micro}
 
     def check_plain_fit(self) -> tuple[bool, dict[str, Any]]:
-        from memfit.budget.budget import Budget
         out = run_in_child(
             train_plain,
             {"directory": self.data, "epochs": self.settings.epochs},
@@ -205,7 +205,6 @@ class StepChecks:
         return ok, out
 
     def check_memfit_fit(self) -> tuple[bool, dict[str, Any]]:
-        from memfit.budget.budget import Budget
         if os.path.exists(self.log_path):
             os.remove(self.log_path)
         out = run_in_child(

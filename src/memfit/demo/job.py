@@ -10,6 +10,9 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from memfit import zoo
+from memfit.data import detection_pipeline
+from memfit.data.synth import write_dataset
 from memfit.errors import MemfitError
 
 # Measured (CPU, TF 2.21, 2 threads): memfit.fit's step at batch 16 peaks near 400 MiB at
@@ -60,8 +63,6 @@ class Settings:
 # -- the job's model and data (specs for the commands) -----------------------------------------
 def detector() -> Any:
     """The demo's detector: keras-hub RetinaNet, ResNet-10 encoder, any input size, Adam."""
-    from memfit import zoo
-
     return zoo.retinanet(None)
 
 
@@ -103,7 +104,6 @@ def job_dataset(directory: str, batch_size: int = BATCH, which: str = "all") -> 
         which: `"all"` (native resolutions: yesterday's images, then today's at twice the
             size) or `"large"` (the new shard alone, at its fixed size).
     """
-    from memfit.data import detection_pipeline
 
     small, large = shard_files(directory)
     parts = [large] if which == "large" else [small, large]
@@ -126,7 +126,6 @@ def job_dataset(directory: str, batch_size: int = BATCH, which: str = "all") -> 
 
 def write_data(directory: str, settings: Settings) -> dict[str, Any]:
     """Generate the dataset: small-image shards, then a shard at twice the resolution."""
-    from memfit.data.synth import write_dataset
 
     small = write_dataset(
         directory,

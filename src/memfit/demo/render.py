@@ -10,6 +10,7 @@ from rich.panel import Panel
 
 from memfit.demo.job import BATCH, LARGE, SMALL, Settings
 from memfit.demo.results import DemoResult, StepResult
+from memfit.sizes import format_size
 
 
 def intro(console: Console, settings: Settings) -> None:
@@ -61,6 +62,5 @@ def outcome_text(outcome: dict[str, Any]) -> str:
 
 def size_text(value: Any) -> str:
     """A byte count as memfit writes sizes; `?` when there is none."""
-    from memfit.sizes import format_size
 
     return format_size(int(value)) if isinstance(value, (int, float)) else "?"

@@ -28,6 +28,7 @@ from memfit.demo.job import (
 from memfit.demo.render import intro, step_header, step_outcome, summary
 from memfit.demo.results import DemoResult, StepResult
 from memfit.errors import MemfitError
+from memfit.sizes import parse_size
 
 
 class Demo(StepChecks):
@@ -186,7 +187,6 @@ def run_demo(
         print(result.ok, result.report_path)
         ```
     """
-    from memfit.sizes import parse_size
 
     parse_size(memory or DEFAULT_MEMORY)  # a bad size fails here, in one line
     return Demo(Settings.make(memory, out, quick), console).run()

@@ -10,6 +10,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+import memfit
+from memfit.backend import tf as tfb
 from memfit.demo.job import BATCH, LARGE, SMALL, detector, job_dataset
 
 
@@ -33,8 +35,6 @@ def train_plain(directory: str, epochs: int) -> dict[str, Any]:
 
 def train_memfit(directory: str, epochs: int, log_path: str, memory: str) -> dict[str, Any]:
     """Child: `memfit.fit` on the same job, watched; its summary and the Watch's findings."""
-    import memfit
-
     model = detector()
     watch = memfit.Watch(
         log_path=log_path,
@@ -57,7 +57,6 @@ def train_memfit(directory: str, epochs: int, log_path: str, memory: str) -> dic
 def first_line(exc: BaseException) -> str:
     """One clean line of an error: the OOM's allocation, or the message without the graph
     traceback TensorFlow appends ("Detected at node ... defined at ... File ...")."""
-    from memfit.backend import tf as tfb
 
     text = re.sub(r"\x1b\[[0-9;]*m", "", getattr(exc, "message", None) or str(exc))
     if tfb.is_oom(exc):

@@ -17,6 +17,8 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+from memfit.backend import tf_trace
+from memfit.backend.tf_graph import at_batch_size
 from memfit.backend.tf_kernels import assume_threads
 from memfit.budget.budget import as_budget, emulated_budget, emulated_memory_growth
 from memfit.checks import check_batch_size, check_threads
@@ -25,6 +27,9 @@ from memfit.estimation.background import PendingRange, start_peak_range
 from memfit.estimation.bounds import RUN_STEPS, run_rise
 from memfit.estimation.result import Estimate, summarise
 from memfit.estimation.simulate import Replay, replay
+from memfit.recomputation.remat import as_recompute
+from memfit.workload.spec import WorkloadSpec
+from memfit.workload.step import StepWorkload, refuse_for_step
 from memfit.workload.workload import InputShape, Workload
 
 
@@ -57,12 +62,8 @@ def estimate_workload(
 
 def start_trace(workload: Workload, batch_size: int, recompute: Any = None) -> Any:
     """Trace the step: a `tf_trace.TracedStep`, its grappler pass still running on a thread."""
-    from memfit.backend import tf_trace
-    from memfit.recomputation.remat import as_recompute
 
     if getattr(workload, "is_step", False):
-        from memfit.workload.step import refuse_for_step
-
         refuse_for_step(recompute=recompute)
         workload.build_optimizer()
         return tf_trace.start_trace(workload, batch_size)
@@ -215,7 +216,6 @@ class Steps:
 
     def estimate(self, batch_size: int) -> Estimate:
         """The estimate at `batch_size`: made from two sizes, else the trace sized again."""
-        from memfit.backend.tf_graph import at_batch_size
 
         started = time.perf_counter()
         graph = self.sized.get(batch_size)
@@ -255,8 +255,6 @@ def estimate_step(
     A step the trace cannot take (a Python step that reads tensors' values, say) is one
     `WorkloadError` that says to measure it instead, never a traceback.
     """
-    from memfit.workload.spec import WorkloadSpec
-    from memfit.workload.step import StepWorkload
 
     progress(f"building the step spec of {model if isinstance(model, str) else 'the model'}")
     if isinstance(model, str):
@@ -324,8 +322,6 @@ def load_workload(
     precision: str | None,
     remat: str | None,
 ) -> Any:
-    from memfit.workload.spec import WorkloadSpec
-
     workload = WorkloadSpec(
         spec, input_shape=input_shape, classes=classes, precision=precision, remat=remat
     )

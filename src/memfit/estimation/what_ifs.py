@@ -13,10 +13,14 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from memfit.backend import tf as tfb
+from memfit.backend.tf_grappler import sees_gpu
+from memfit.backend.tf_kernels import concurrent_ops, intra_threads, schedulable_cpus
 from memfit.errors import WorkloadError
 from memfit.estimation.largest import largest_for
 from memfit.estimation.replayed import Steps, replayed, start_trace, young_collections
 from memfit.estimation.result import Estimate
+from memfit.workload.spec import WorkloadSpec
 from memfit.workload.workload import Workload
 
 if TYPE_CHECKING:  # the helper starts `memfit.estimation.child`, which imports this module
@@ -234,11 +238,6 @@ def helper_arguments(arguments: dict[str, Any]) -> dict[str, Any] | None:
     `arguments`: `estimate`'s arguments by name (its `locals()` on entry).
     """
     import sys
-
-    from memfit.backend import tf as tfb
-    from memfit.backend.tf_grappler import sees_gpu
-    from memfit.backend.tf_kernels import concurrent_ops, intra_threads, schedulable_cpus
-    from memfit.workload.spec import WorkloadSpec
 
     if (
         arguments.get("data") is not None

@@ -40,6 +40,7 @@ from memfit.backend.attribution import (
     strip_suffix,
 )
 from memfit.estimation.bfc import round_up
+from memfit.estimation.replayed import estimate_workload
 from memfit.serialize import json_dict, suffixed
 from memfit.sizes import format_size
 
@@ -478,8 +479,6 @@ def explain_records(
         )
     if with_estimate:
         try:
-            from memfit.estimation import estimate_workload
-
             compare_with_estimate(explanation, estimate_workload(workload, batch_size).to_dict())
         except Exception as exc:  # noqa: BLE001 - the measurement stands without it
             explanation.estimate = {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}

@@ -15,6 +15,7 @@ from typing import Any
 from memfit.budget.budget import Budget
 from memfit.errors import WorkloadError
 from memfit.measuring.child import measure_spec
+from memfit.measuring.explain import Explanation
 from memfit.measuring.measurement import Measurement
 from memfit.process.runner import run_in_child
 from memfit.workload.spec import WorkloadSpec
@@ -100,8 +101,6 @@ def measurement_from_child(
             result.pop(key)
     measurement = Measurement(**result)
     if measurement.explanation is not None:
-        from memfit.measuring.explain import Explanation
-
         measurement.explanation = Explanation.from_dict(measurement.explanation)
     measurement.budget = (
         Budget(**{**budget_data, "notes": tuple(budget_data["notes"])}) if budget_data else budget

@@ -11,14 +11,20 @@ from typing import Any
 import numpy as np
 
 from memfit.backend import tf as tfb
+from memfit.backend.tf_kernels import tensor_bytes
+from memfit.backend.tf_profile import AllocationRecorder, step_info
 from memfit.budget.budget import Budget, as_budget, emulated_budget
 from memfit.checks import check_batch_size, check_positive_int
 from memfit.console.progress import Progress, shows_progress
 from memfit.errors import WorkloadError
+from memfit.measuring.explain import explain_records
+from memfit.measuring.isolate import measure_in_child
 from memfit.measuring.measurement import Measurement  # also memfit.measuring.measurer.Measurement
+from memfit.recomputation.remat import as_recompute
 from memfit.sizes import format_size
+from memfit.workload.accumulate import AccumulatingStep
 from memfit.workload.spec import WorkloadSpec
-from memfit.workload.step import refuse_for_step
+from memfit.workload.step import StepWorkload, refuse_for_step
 from memfit.workload.workload import InputShape, Workload
 
 DEFAULT_REPEATS = 3
@@ -124,7 +130,6 @@ def measure(
                 "step_fn= measures a model object in this process; a child process cannot "
                 "rebuild a Python step: name a Model Garden task (garden:EXPERIMENT) to isolate"
             )
-        from memfit.workload.step import StepWorkload
 
         built = StepWorkload.from_data(model, optimizer, step_fn, data)
         return measure_built(
@@ -152,8 +157,6 @@ def measure(
         "explain": explain,
     }
     if isolated:
-        from memfit.measuring.isolate import measure_in_child
-
         return measure_in_child(workload, batch_size, model=given, **options)
     return measure_built(
         workload.workload(given), batch_size, device=device, on_progress=on_progress, **options
@@ -249,8 +252,6 @@ def measure_workload(
     tfb.require_memory_stats(device)
     recorder = None
     if explain:
-        from memfit.backend.tf_profile import AllocationRecorder
-
         recorder = AllocationRecorder(device)  # says now when there is no profiler
     if stepped:
         workload.build_optimizer()
@@ -275,8 +276,6 @@ def measure_workload(
     if step_kind not in ("fit", "memfit"):
         raise ValueError(f"step_kind must be 'fit' or 'memfit', got {step_kind!r}")
     if step_kind == "memfit":
-        from memfit.workload.accumulate import AccumulatingStep
-
         # A step spec's micro-batches run its own step, as GuardedStep(step_fn=...) does.
         accumulating = (
             AccumulatingStep(
@@ -393,9 +392,6 @@ def _explain(
 
     `batches`: the tensors the steps read, made before them (resident, as the variables).
     """
-    from memfit.backend.tf_kernels import tensor_bytes
-    from memfit.backend.tf_profile import step_info
-    from memfit.measuring.explain import explain_records
 
     tf = tfb.import_tf()
     info = step_info(workload)
@@ -448,7 +444,6 @@ def measure_many(
 
 def _recomputing(workload: Workload, recompute: Any, run: Callable[..., Any]) -> Callable[..., Any]:
     """`run` with memfit's recompute applied to the workload's model while it runs."""
-    from memfit.recomputation.remat import as_recompute
 
     if getattr(workload, "is_step", False):
         refuse_for_step(recompute=recompute)

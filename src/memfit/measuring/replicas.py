@@ -27,7 +27,10 @@ from typing import TYPE_CHECKING, Any
 from memfit.budget.budget import Budget
 from memfit.checks import check_batch_size, check_replicas
 from memfit.errors import MemfitError
+from memfit.process.runner import run_in_child
 from memfit.sizes import format_size
+from memfit.workload.models import load_model
+from memfit.workload.workload import shape_list
 
 if TYPE_CHECKING:
     from memfit.workload.spec import WorkloadSpec
@@ -148,7 +151,6 @@ def trainable_bytes(
 
     Run in a child process by `allreduce_bytes` (it imports TensorFlow).
     """
-    from memfit.workload.models import load_model
 
     shape = input_shape[0] if input_shape and isinstance(input_shape[0], list) else input_shape
     model = load_model(spec, input_shape=shape, classes=classes, safe_mode=safe_mode)
@@ -188,8 +190,6 @@ def allreduce_bytes(
     """
     if not isinstance(model, str):
         return model_trainable_bytes(model)
-    from memfit.process.runner import run_in_child
-    from memfit.workload.workload import shape_list
 
     return int(
         run_in_child(

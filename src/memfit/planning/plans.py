@@ -19,6 +19,7 @@ from memfit.checks import (
 )
 from memfit.console.progress import Progress, shows_progress
 from memfit.errors import MemfitError
+from memfit.measuring.isolate import child_spec
 from memfit.measuring.replicas import per_replica_batch, replica_count, workload_replica_budget
 from memfit.planning.planner import Planner
 from memfit.planning.strategy import (
@@ -202,7 +203,6 @@ def plan_workload(
     """
     # Batches are made of the dataset's largest samples, so the answer holds for all.
     workload = dataclasses.replace(workload, worst_case=workload.data is not None)
-    from memfit.measuring.isolate import child_spec
 
     batch_size = check_batch_size(batch_size)
     confirm_steps = check_positive_int(confirm_steps, "confirm_steps")

@@ -17,6 +17,7 @@ from typing import Any
 
 from memfit.budget.budget import Budget
 from memfit.errors import MeasurementError, MemfitError
+from memfit.measuring.isolate import measure_in_child
 from memfit.planning.child import open_estimator
 from memfit.process.runner import ChildWorker, run_in_child
 from memfit.sizes import format_size
@@ -107,7 +108,6 @@ class PlanTrials:
     def measure(self, candidate: Candidate) -> None:
         """Measure one candidate's step (`memfit.fit`'s, at its K) in a fresh child: its peak,
         time and whether it fits, or why it could not be measured."""
-        from memfit.measuring.isolate import measure_in_child
 
         try:
             m = measure_in_child(

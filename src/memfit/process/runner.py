@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from memfit.errors import MeasurementError, MemfitError
+from memfit.errors import MeasurementError, MemfitError, MemfitWarning
 from memfit.sizes import parse_size
 
 if TYPE_CHECKING:
@@ -87,8 +87,6 @@ def relay_warning(line: str) -> None:
         ```
     """
     import warnings
-
-    from memfit.errors import MemfitWarning
 
     _, mark, message = line.partition(": MemfitWarning: ")
     if mark and message.strip():

@@ -22,6 +22,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from memfit.backend import tf as tfb
+from memfit.backend import tf_layer_graph as lg
+from memfit.backend import tf_recompute as rc
 from memfit.errors import RecomputeError
 from memfit.recomputation.cuts import Cut, Segments, choose_cuts, kept_bytes, recomputed_flags
 from memfit.serialize import json_dict
@@ -114,9 +117,6 @@ class Recompute:
     """
 
     def __init__(self, model: Any, segments: Segments = "sqrt", batch_size: int = 1) -> None:
-        from memfit.backend import tf_layer_graph as lg
-        from memfit.backend import tf_recompute as rc
-
         self.model = model
         try:
             self._graph = lg.layer_graph(model)
@@ -141,7 +141,6 @@ class Recompute:
 
     def apply(self) -> Recompute:
         """Make the model's training forward the segmented one (until `remove`)."""
-        from memfit.backend import tf_recompute as rc
 
         if self._depth == 0:
             rc.patch_call(self.model, self._call)
@@ -150,7 +149,6 @@ class Recompute:
 
     def remove(self) -> None:
         """Undo one `apply`; the last gives the model back its own forward."""
-        from memfit.backend import tf_recompute as rc
 
         if self._depth == 0:
             return
@@ -212,7 +210,6 @@ def recompute(model: Any, segments: Segments = "sqrt", *, batch_size: int = 1) -
     """
     if isinstance(model, Recompute):
         return model
-    from memfit.backend import tf as tfb
 
     keras = tfb.import_keras()
     if not isinstance(model, keras.Model):
@@ -312,7 +309,6 @@ def remat_scope(remat: str | None) -> Any:
 
     if remat is None or remat == MEMFIT_REMAT:
         return contextlib.nullcontext()
-    from memfit.backend import tf as tfb
 
     return tfb.import_keras().RematScope(mode=remat)
 

@@ -16,6 +16,7 @@ from memfit.backend import tf as tfb
 from memfit.budget.budget import Budget
 from memfit.errors import MemfitError, WorkloadError
 from memfit.measuring.child import open_measurer
+from memfit.measuring.isolate import child_spec, measurement_from_child, save_for_child
 from memfit.measuring.measurer import Measurement, measure_workload
 from memfit.process.runner import ChildWorker, run_in_child
 from memfit.search.child import dataset_size
@@ -55,7 +56,6 @@ class TrialRunner:
             isolated: this process holds no model: the child loads `workload`'s MODEL
                 string, or a saved copy of `model`.
         """
-        from memfit.measuring.isolate import child_spec, save_for_child
 
         self.budget = budget
         self.worst_case = workload.worst_case
@@ -190,7 +190,6 @@ class TrialRunner:
                 continuous=soak,
             )
             return m, False, first
-        from memfit.measuring.isolate import measurement_from_child
 
         fresh = self._worker_trials == 0
         self._worker_trials += 1

@@ -23,6 +23,7 @@ from memfit.backend import tf_keras_compat as compat
 from memfit.budget.budget import as_budget, emulated_budget
 from memfit.checks import check_positive_int
 from memfit.errors import MemfitError
+from memfit.recomputation.remat import as_recompute
 from memfit.sizes import format_size
 from memfit.training.distributed import CANNOT_GO_ON, OUT_OF_MEMORY, WENT_THROUGH, Agreement
 from memfit.training.recovery import FitSummary, Recovery
@@ -131,7 +132,6 @@ class GuardedStep:
         self.verbose = verbose
         self.epoch: int | None = None
         self.summary = FitSummary()
-        from memfit.recomputation.remat import as_recompute
 
         self.recompute = as_recompute(model, recompute)
         self._step = AccumulatingStep(

@@ -13,8 +13,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from memfit.backend import tf as tfb
 from memfit.budget.budget import Budget
 from memfit.budget.fitting import limit_bytes
+from memfit.recomputation.remat import remat_scope
 from memfit.serialize import json_dict
 from memfit.sizes import format_size
 
@@ -141,15 +143,12 @@ class Plan:
             memfit.fit(model, x, y, batch_size=256, plan=plan)
             ```
         """
-        from memfit.backend import tf as tfb
 
         keras = tfb.import_keras()
         previous = keras.mixed_precision.dtype_policy()
         if self.precision != TASK_PRECISION:
             keras.mixed_precision.set_dtype_policy(self.precision)
         try:
-            from memfit.recomputation.remat import remat_scope
-
             with remat_scope(self.remat):
                 yield
         finally:

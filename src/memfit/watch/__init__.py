@@ -46,6 +46,8 @@ __all__ = ["KINDS", "LOG_FORMAT", "Watch", "WatchFinding", "watch_class"]
 
 def watch_class() -> type:
     """`memfit.Watch`, imported on first use (its module imports Keras)."""
+    # Here, not at the top: the callback's module imports Keras, and `import memfit` must not
+    # (an emulated card is set before TensorFlow initialises).
     from memfit.watch.callback import Watch
 
     return Watch

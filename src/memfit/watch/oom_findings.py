@@ -21,7 +21,9 @@ from typing import Any
 
 import memfit.watch.detectors as detectors
 from memfit.backend import tf as tfb
+from memfit.budget import devices
 from memfit.errors import one_line
+from memfit.estimation import largest_batch
 from memfit.watch.findings import WatchFinding
 
 
@@ -33,7 +35,6 @@ def others_on_gpu(device: str) -> int | None:
     """
     if not device.startswith("GPU"):
         return None
-    from memfit.budget import devices
 
     gpus, problem = devices.nvml_gpus()
     index = int(device.split(":")[-1] or 0)
@@ -84,8 +85,6 @@ def estimated_fit(
         be estimated.
     """
     import tensorflow as tf  # heavy, and loaded already: the step that failed ran in it
-
-    from memfit.estimation import largest_batch
 
     started = time.perf_counter()
     try:

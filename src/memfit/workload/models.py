@@ -8,6 +8,8 @@ import zipfile
 from collections.abc import Sequence
 from typing import Any
 
+from memfit.backend import tf as tfb
+from memfit.backend import tf_garden, tf_keras_compat
 from memfit.backend.factories import call_factory, first_line
 from memfit.errors import ModelLoadError
 
@@ -106,7 +108,6 @@ def load_model(
         >>> model = load_model("keras.applications.MobileNetV2", input_shape=(96, 96, 3))
     """
     check_model_spec(spec)
-    from memfit.backend import tf as tfb
 
     keras = tfb.import_keras()
     if is_file_spec(spec):
@@ -126,7 +127,6 @@ def not_keras3_message(spec: str, model: Any) -> str:
     A tf_keras (Keras 2) model and a Model Garden experiment config each get their own
     answer: the task spec (`garden:...`) and `memfit.GuardedStep` take them.
     """
-    from memfit.backend import tf_garden, tf_keras_compat
 
     kind = type(model).__name__
     if tf_garden.is_experiment_config(model):

@@ -23,8 +23,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from memfit.backend import tf as tfb
+from memfit.backend import tf_garden
 from memfit.checks import check_positive_int, check_whole_number
 from memfit.errors import WorkloadError
+from memfit.recomputation.remat import remat_scope
+from memfit.workload.models import call_factory, check_model_spec, load_model
+from memfit.workload.step import StepWorkload
+from memfit.workload.workload import Workload
 
 PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
 """Keras dtype policies a model can be built under."""
@@ -98,7 +104,6 @@ class WorkloadSpec:
                     f"the spec's model must be a MODEL string, got a {type(self.model).__name__}; "
                     f"give a Keras model beside the spec instead"
                 )
-            from memfit.workload.models import check_model_spec
 
             check_model_spec(self.model)
         _set(self, "input_shape", _shapes(self.input_shape))
@@ -252,9 +257,6 @@ class WorkloadSpec:
         """
         for name in self.imports:
             importlib.import_module(name)
-        from memfit.backend import tf as tfb
-        from memfit.recomputation.remat import remat_scope
-        from memfit.workload.models import load_model
 
         if self.model is None:
             raise WorkloadError("no MODEL string to build the model from")
@@ -279,12 +281,8 @@ class WorkloadSpec:
     def load_data(self) -> Any:
         """The samples' `tf.data.Dataset` (saved samples, or the dataset function's), or None."""
         if self.saved_data:
-            from memfit.backend import tf as tfb
-
             return tfb.import_tf().data.Dataset.load(self.saved_data)
         if isinstance(self.data, str):
-            from memfit.workload.models import call_factory
-
             return call_factory(self.data)
         return self.data
 
@@ -299,7 +297,6 @@ class WorkloadSpec:
         """
         if self.is_task and model is None:
             return self.task_workload()
-        from memfit.workload.workload import Workload
 
         return Workload(
             self.build_model() if model is None else model,
@@ -322,8 +319,6 @@ class WorkloadSpec:
             raise WorkloadError(f"{self.model!r} is not a Model Garden task (garden:NAME)")
         for name in self.imports:
             importlib.import_module(name)
-        from memfit.backend import tf_garden
-        from memfit.workload.step import StepWorkload
 
         built = tf_garden.build_task(self.task_name, self.overrides, self.params)
         return StepWorkload.from_task(built, str(self.model))

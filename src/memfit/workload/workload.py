@@ -8,7 +8,9 @@ from typing import Any
 import numpy as np
 
 from memfit.backend import tf as tfb
-from memfit.errors import WorkloadError
+from memfit.backend.tf_keras_compat import is_tf_keras
+from memfit.errors import MemfitWarning, WorkloadError
+from memfit.workload.models import not_keras3_message
 
 InputShape = Sequence[int] | Sequence[Sequence[int]]
 
@@ -114,13 +116,8 @@ class Workload:
         worst_case: bool = False,
     ) -> None:
         keras = tfb.import_keras()
-        if not isinstance(model, keras.Model) and not isinstance(model, str):
-            from memfit.backend.tf_keras_compat import is_tf_keras
-
-            if is_tf_keras(model):
-                from memfit.workload.models import not_keras3_message
-
-                raise WorkloadError(not_keras3_message("the model", model))
+        if not isinstance(model, (keras.Model, str)) and is_tf_keras(model):
+            raise WorkloadError(not_keras3_message("the model", model))
         if not isinstance(model, keras.Model):
             raise WorkloadError(
                 f"expected a keras.Model, got {type(model).__name__}; pass the model object "
@@ -518,8 +515,6 @@ def _loss_name(loss: Any) -> str:
 def _warn_uncompiled(name: str, chosen: dict[str, str]) -> None:
     """Say which optimizer and loss memfit chose for a model that came uncompiled."""
     import warnings
-
-    from memfit.errors import MemfitWarning
 
     what = " and ".join(f"{kind} {value!r}" for kind, value in chosen.items())
     warnings.warn(
