@@ -7,17 +7,24 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 from typing import Any
 
-RESULT_MARK = "MEMFIT-TEST-RESULT:"
+from child import RESULT_MARK
+
+TESTS = Path(__file__).resolve().parent
 
 
-def run_isolated(code: str, env: dict[str, str] | None = None, timeout: int = 600) -> Any:
+def run_isolated(
+    code: str | Path, env: dict[str, str] | None = None, timeout: int = 600
+) -> Any:
     """Run `code` in a child Python process and return what it passed to `emit(...)`.
 
-    The child gets a function `emit(obj)` that sends one JSON-serialisable result back.
-    Budgets go in through `env` (e.g. {"MEMFIT_MEMORY": "384MiB"}) so they are applied before
-    TensorFlow initialises. A child that fails raises AssertionError with its stderr.
+    `code` is a child script's path (a file that imports `emit` from `tests/child.py`, so
+    ruff checks it), or Python source, which gets a function `emit(obj)` of its own. Either
+    sends one JSON-serialisable result back. Budgets go in through `env` (e.g.
+    {"MEMFIT_MEMORY": "384MiB"}) so they are applied before TensorFlow initialises. A child
+    that fails raises AssertionError with its stderr.
     """
     prelude = textwrap.dedent(
         f"""
@@ -29,8 +36,14 @@ def run_isolated(code: str, env: dict[str, str] | None = None, timeout: int = 60
     child_env = {k: v for k, v in os.environ.items() if not k.startswith(("MEMFIT_", "TF_CPU_BFC"))}
     child_env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     child_env.update(env or {})
+    if isinstance(code, Path):
+        path = child_env.get("PYTHONPATH", "")
+        child_env["PYTHONPATH"] = os.pathsep.join([str(TESTS), *([path] if path else [])])
+        command = [sys.executable, str(code)]
+    else:
+        command = [sys.executable, "-c", prelude + textwrap.dedent(code)]
     proc = subprocess.run(
-        [sys.executable, "-c", prelude + textwrap.dedent(code)],
+        command,
         env=child_env,
         capture_output=True,
         text=True,

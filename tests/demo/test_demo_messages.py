@@ -2,35 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from helpers import run_isolated
 
-CODE = r"""
-import memfit  # first: applies MEMFIT_MEMORY before TensorFlow is imported
-import numpy as np, tensorflow as tf, keras
-from memfit.demo import first_line
+CHILDREN = Path(__file__).resolve().parent / "children"
 
-out = {}
-m = keras.Sequential([keras.Input((None, None, 3)),
-                      keras.layers.Conv2D(64, 3, padding="same", activation="relu"),
-                      keras.layers.GlobalAveragePooling2D(), keras.layers.Dense(1)])
-m.compile("adam", "mse")
-try:
-    m.fit(np.ones((32, 256, 256, 3), "float32"), np.ones((32, 1)), batch_size=32, verbose=0)
-except tf.errors.ResourceExhaustedError as exc:
-    out["oom"] = [first_line(exc), str(exc)]
-try:
-    tf.function(lambda x: tf.reshape(x, (3,)), input_signature=[tf.TensorSpec(None)])(tf.zeros(4))
-except tf.errors.InvalidArgumentError as exc:
-    out["graph"] = [first_line(exc), str(exc)]
-class Anchors(keras.layers.Layer):  # keras-hub's anchor generator on a relaxed shape
-    def call(self, x):
-        raise TypeError("must be real number, not SymbolicTensor")
-try:
-    Anchors()(np.ones((1, 2)))
-except TypeError as exc:
-    out["layer"] = [first_line(exc), str(exc)]
-emit(out)
-"""
+CODE = CHILDREN / "demo_messages.py"
 
 
 def test_plain_fit_errors_are_one_line_without_the_graph_traceback() -> None:

@@ -83,7 +83,7 @@ def batch(
             max_batch=max_batch,
             margin=margin,
             soak_steps=soak_steps,
-            progress=show,
+            on_trial=show,
             replicas=replicas,
         )
     answer(result, as_json, render_summary, result.fits)

@@ -92,7 +92,7 @@ def plan(
             margin=margin,
             precisions=list(precisions) or None,
             remat_modes=[None if m == "none" else m for m in remat_modes] or None,
-            progress=show,
+            on_candidate=show,
             confirm=not no_confirm,
             replicas=replicas,
         )

@@ -1,0 +1,22 @@
+"""What a test's child script imports: `emit`, which sends one result back to the test.
+
+A child script (a file under a `children/` folder of `tests/`) runs in a fresh Python process
+through `helpers.run_isolated(path)`, with `tests/` on its path.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+RESULT_MARK = "MEMFIT-TEST-RESULT:"
+
+
+def emit(obj: Any) -> None:
+    """Send `obj` (JSON-serialisable) back to the test that started this process."""
+    print(RESULT_MARK + json.dumps(obj), flush=True)
+
+
+ARGS = sys.argv[1:]
+"""The script's command-line arguments (`run_isolated(path, args=[...])`)."""
