@@ -10,11 +10,8 @@ from rich.table import Table
 
 from memfit.cli.options import count_option, json_option
 from memfit.cli.render import answer, err, out
-from memfit.data.audit import audit as run_audit
-from memfit.data.check import MAX_PIXELS
-from memfit.data.check import check as run_check
 from memfit.sizes import format_size
-from memfit.workload.models import call_factory, check_model_spec
+from memfit.workload.models import check_model_spec
 
 
 @click.group()
@@ -62,6 +59,10 @@ def data_check(
     Exits with status 1 when a record has a problem, 0 when all are sound.
     """
     from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn
+
+    # Imported when the command runs: the CLI starts without it.
+    from memfit.data.check import MAX_PIXELS
+    from memfit.data.check import check as run_check
 
     if model is not None:
         check_model_spec(model)
@@ -172,6 +173,9 @@ def data_audit(
             f"{dataset_fn!r} is not of the form package.module:dataset_fn",
             param_hint="'MODULE:DATASET_FN'",
         )
+    # Imported when the command runs: the CLI starts without it.
+    from memfit.data.audit import audit as run_audit
+    from memfit.workload.models import call_factory
 
     with err.status("Building the dataset", spinner="dots") as status:
         dataset = call_factory(dataset_fn)  # the dataset function's tf.data.Dataset

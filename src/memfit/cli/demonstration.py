@@ -10,7 +10,6 @@ from memfit.cli.options import (
     json_option,
 )
 from memfit.cli.render import err, print_json
-from memfit.demo import run_demo
 
 
 @click.command()
@@ -38,6 +37,8 @@ def demo(memory: str | None, out_dir: str, quick: bool, as_json: bool) -> None:
     model.fit dying, memfit.fit recovering, and the HTML report. Every step checks what it
     claims; the exit status is 1 when one did not show it. About 10 minutes on 2 CPU cores.
     """
+    # Imported when the command runs: the CLI starts without it.
+    from memfit.demo import run_demo
 
     result = run_demo(memory=memory, out=out_dir, quick=quick, console=err)
     if as_json:

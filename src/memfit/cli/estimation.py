@@ -8,14 +8,10 @@ from typing import Any
 import click
 from rich.table import Table
 
-from memfit.budget.budget import emulated_budget
 from memfit.checks import check_batch_size, check_threads
 from memfit.cli.options import apply_budget, count_option, workload_command
 from memfit.cli.render import err, out, print_json
-from memfit.estimation import estimate as run_estimate
 from memfit.estimation.bounds import ALLOWANCE, BOUND_STEPS, RUN_STEPS, SAMPLES
-from memfit.measuring.isolate import measure_in_child
-from memfit.measuring.measurer import DEFAULT_REPEATS
 from memfit.sizes import format_size
 from memfit.workload.spec import WorkloadSpec
 
@@ -86,8 +82,11 @@ def estimate(
         precision = None
     budget = apply_budget(memory, device)
     model = str(workload.model)
+    # Imported when the command runs: the CLI starts without it.
+    from memfit.estimation import estimate as run_estimate
 
     with err.status("Loading model", spinner="dots") as status:
+
         def report(text: str) -> None:
             status.update(f"Estimating: {text}")
 
@@ -117,6 +116,10 @@ def estimate(
         measured = None
         if check:
             status.update("Measuring the step in a child process")
+            # Imported when the command runs: the CLI starts without it.
+            from memfit.budget.budget import emulated_budget
+            from memfit.measuring.isolate import measure_in_child
+            from memfit.measuring.measurer import DEFAULT_REPEATS
 
             # The step estimated: the same workload, built under the same precision and remat.
             variant = dataclasses.replace(workload, precision=precision, remat=remat)

@@ -18,7 +18,7 @@ from memfit.cli.options import (
 )
 from memfit.cli.render import answer, err, render_summary
 from memfit.console.progress import trial_line
-from memfit.search import DEFAULT_SOAK_STEPS, search_workload
+from memfit.search import DEFAULT_SOAK_STEPS
 from memfit.workload.spec import WorkloadSpec
 
 
@@ -61,6 +61,8 @@ def batch(
     if max_batch is not None:
         checked(check_positive_int, max_batch, "max_batch", param_hint="'--max-batch'")
     memory, device, replicas = replica_budget_specs(memory, device, replicas)
+    # Imported when the command runs: the CLI starts without it.
+    from memfit.search import search_workload
 
     budget = apply_budget(memory, device) or Budget.from_device()
 

@@ -9,9 +9,6 @@ from rich.table import Table
 
 from memfit.cli.options import apply_budget, batch_sizes, count_option, workload_command
 from memfit.cli.render import err, out, print_json, render_explanation
-from memfit.measuring.isolate import measure_in_child
-from memfit.measuring.measurer import measure_built
-from memfit.recomputation.remat import policy_from_text
 from memfit.sizes import format_size
 from memfit.workload.spec import WorkloadSpec
 
@@ -67,6 +64,10 @@ def measure(
     With --explain, the peak is broken down into the tensors alive at that moment.
     """
     budget = apply_budget(memory, device)
+    # Imported when the command runs: the CLI starts without it.
+    from memfit.measuring.isolate import measure_in_child
+    from memfit.measuring.measurer import measure_built
+    from memfit.recomputation.remat import policy_from_text
 
     policy = policy_from_text(recompute) if recompute else None
     options = {"repeats": repeats, "budget": budget, "recompute": policy, "explain": explain}
@@ -79,6 +80,7 @@ def measure(
             if local is None:
                 result = measure_in_child(workload, size, **options)
             else:
+
                 def report(text: str, _status: Any = status) -> None:
                     _status.update(f"Measuring {text}")
 

@@ -15,27 +15,24 @@ from typing import Any
 
 import click
 
-from memfit.backend import tf as tfb
-from memfit.backend.tf_garden import require_garden
 from memfit.budget.budget import (
-    ENV_MEMORY_GROWTH,
     Budget,
-    emulated_memory_growth,
     resolve_budget,
     resolve_budgets,
     split_budget_list,
     tightest_index,
 )
-from memfit.budget.emulation import emulate, ensure_memory_statistics
 from memfit.checks import DEFAULT_MARGIN, check_batch_size, check_margin
-from memfit.errors import EmulationError, MemfitError
-from memfit.measuring.replicas import replica_count
+from memfit.errors import MemfitError
 from memfit.workload.spec import WorkloadSpec
 
 
 def _memory_growth(_ctx: click.Context, _param: click.Parameter, value: bool) -> bool:
     # Read by `apply_budget` (and inherited by child processes) from the environment.
     if value:
+        # Imported when the command runs: the CLI starts without it.
+        from memfit.budget.budget import ENV_MEMORY_GROWTH
+
         os.environ[ENV_MEMORY_GROWTH] = "1"
     return value
 
@@ -75,6 +72,9 @@ def json_option(command: Callable[..., Any]) -> Callable[..., Any]:
 
 def apply_budget(memory: str | None, device: str | None) -> Budget | None:
     """Emulate the budget `--memory` / `--device` name, before TensorFlow initialises."""
+    # Imported when the command runs: the CLI starts without it.
+    from memfit.budget.budget import emulated_memory_growth
+    from memfit.budget.emulation import emulate, ensure_memory_statistics
 
     growth = emulated_memory_growth()
     budget = resolve_budget(memory=memory, device=device)
@@ -91,6 +91,9 @@ def apply_budget(memory: str | None, device: str | None) -> Budget | None:
 
 def require_growth_target() -> None:
     """`--memory-growth` needs a GPU, or an emulated card to apply to: say so on a CPU."""
+    # Imported when the command runs: the CLI starts without it.
+    from memfit.backend import tf as tfb
+    from memfit.errors import EmulationError
 
     if tfb.gpu_count() == 0:
         raise EmulationError(
@@ -162,6 +165,9 @@ def workload_options(command: Callable[..., Any]) -> Callable[..., Any]:
             params=params,
         )
         if workload.is_task:
+            # Imported when the command runs: the CLI starts without it.
+            from memfit.backend.tf_garden import require_garden
+
             require_garden(model)  # one line here, before any child process starts
         return command(*args, workload=workload, **kwargs)
 
@@ -284,6 +290,8 @@ def replica_budget_specs(
     Raises:
         MemfitError: an empty entry, an unknown card or size, or counts that disagree.
     """
+    # Imported when the command runs: the CLI starts without it.
+    from memfit.measuring.replicas import replica_count
 
     raw = memory if memory is not None else device
     if raw is None or "," not in raw:

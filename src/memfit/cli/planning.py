@@ -12,7 +12,6 @@ from memfit.cli.options import margin_option, replica_budget_specs, workload_com
 from memfit.cli.render import answer, err, out, render_summary
 from memfit.console.progress import candidate_line
 from memfit.measuring.replicas import per_replica_batch
-from memfit.planning import plan_workload
 from memfit.sizes import format_size
 from memfit.workload.spec import WorkloadSpec
 
@@ -80,6 +79,8 @@ def plan(
     memory, device, replicas = replica_budget_specs(memory, device, replicas)
     per_replica_batch(batch_size, replicas)  # a global batch the replicas cannot share: say so now
     budget = resolve_budget(memory=memory, device=device) or Budget.from_device()
+    # Imported when the command runs: the CLI starts without it.
+    from memfit.planning import plan_workload
 
     def show(c: Any) -> None:
         err.print(f"  {candidate_line(c)}")

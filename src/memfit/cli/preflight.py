@@ -13,7 +13,6 @@ from memfit.cli.options import (
     json_option,
 )
 from memfit.cli.render import answer, out
-from memfit.doctor.preflight import doctor as run_doctor
 from memfit.sizes import format_size
 
 _LEVEL_STYLE = {"ok": "green", "warning": "yellow", "problem": "bold red"}
@@ -28,6 +27,8 @@ def doctor(memory: str | None, device: str | None, as_json: bool) -> None:
     Exits with status 1 when a problem is found.
     """
     apply_budget(memory, device)
+    # Imported when the command runs: the CLI starts without it.
+    from memfit.doctor.preflight import doctor as run_doctor
 
     report = run_doctor()
     answer(report, as_json, _render_doctor, report.ok)

@@ -13,8 +13,6 @@ from memfit.cli.options import (
 )
 from memfit.cli.render import out, print_json, render_explanation
 from memfit.errors import MemfitError
-from memfit.measuring.explain import Explanation
-from memfit.report import build_measure_html, load_log, load_measurements, log_to_dict, write_html
 from memfit.sizes import format_size
 
 
@@ -39,6 +37,9 @@ def report(run: str, out_path: str | None, as_json: bool) -> None:
     """
     from rich.markup import escape
 
+    # Imported when the command runs: the CLI starts without it.
+    from memfit.report import load_log, load_measurements, log_to_dict, write_html
+
     if out_path is None:
         base = run.rsplit(".", 1)[0] if run.endswith((".jsonl", ".json")) else run
         out_path = base + ".html"
@@ -61,6 +62,10 @@ def _report_measurements(
 ) -> None:
     """`memfit report` on `memfit measure --json` output: its page and its explanations."""
     from rich.markup import escape
+
+    # Imported when the command runs: the CLI starts without it.
+    from memfit.measuring.explain import Explanation
+    from memfit.report import build_measure_html
 
     directory = os.path.dirname(os.path.abspath(out_path))
     if not os.path.isdir(directory):

@@ -9,13 +9,7 @@ from typing import Any
 from memfit.backend import tf as tfb
 from memfit.budget.budget import emulated_budget
 from memfit.data.check_result import ImageInfo
-from memfit.measuring.isolate import measurement_from_child, save_for_child
-from memfit.measuring.measurer import measure_workload
-from memfit.process.runner import run_in_child
 from memfit.sizes import format_size
-from memfit.workload.models import load_model
-from memfit.workload.workload import Workload
-from memfit.zoo import detection_samples
 
 # A model that takes any size is measured at the largest image's own size up to this many
 # pixels (640 x 640); beyond, at a reference size, scaled by pixel count.
@@ -33,6 +27,11 @@ def model_memory(model: Any, largest: ImageInfo, batch_size: int) -> dict[str, A
     own bytes (peak minus resident) are scaled by the pixel ratio to the largest image: a
     proportional estimate, since activations grow with pixels and weights do not.
     """
+    # The measuring side (the runner, the workload, the estimate's modules) is imported when a
+    # model is measured, not with `memfit.data`, which `import memfit` loads.
+    from memfit.measuring.isolate import measurement_from_child, save_for_child
+    from memfit.process.runner import run_in_child
+
     with tempfile.TemporaryDirectory(prefix="memfit-data-") as tmp:
         spec = model if isinstance(model, str) else save_for_child(model, tmp)
         result = run_in_child(
@@ -116,6 +115,11 @@ def measure_child(spec: str, batch_size: int, height: int, width: int) -> dict[s
         height: the largest image's height.
         width: the largest image's width.
     """
+    # Imported here, in the measuring child, not with `memfit.data` (see `model_memory`).
+    from memfit.measuring.measurer import measure_workload
+    from memfit.workload.models import load_model
+    from memfit.workload.workload import Workload
+    from memfit.zoo import detection_samples
 
     model = load_model(spec)
     shape = None
