@@ -30,7 +30,10 @@ classifier, both built from config), and `unseen`, families it was not: MobileNe
 EfficientNetB3, RegNetX002 (`bench.models.regnetx002`: Keras 3 ships no RegNet),
 InceptionResNetV2, DenseNet201 and the RetinaNet at two larger resolutions; and `holdout`,
 families no change to the estimate was made by looking at (Xception, ResNet50V2,
-EfficientNetV2B0, MobileNetV3Small and a U-Net segmenter, `bench.models.unet`). With `--jobs` above
+EfficientNetV2B0, MobileNetV3Small and a U-Net segmenter, `bench.models.unet`); and `new`,
+keras-hub families built from config to calibrate the bound on (`bench.calibration`: HGNetV2,
+CSPNet, MiT, SegFormer, D-FINE; `bench.models.hub_model`). Each row names its family
+(`FAMILY`) and the estimate's highest replayed and raced peaks. With `--jobs` above
 1, processes run side by side: under default threading their thread pools then share the
 cores, as on a busy machine.
 
