@@ -135,14 +135,148 @@ def unet(input_shape: tuple[int, int, int], classes: int = 4, width: int = 16) -
     return keras.Model(inputs, outputs, name="unet")
 
 
+def _hub() -> Any:
+    import keras_hub
+
+    return keras_hub
+
+
+def hgnetv2_backbone(size: int) -> Any:
+    """keras-hub HGNetV2-B0 as a backbone, random weights (the B0 stage widths and depths)."""
+    return _hub().models.HGNetV2Backbone(
+        stem_channels=[3, 16, 16],
+        stackwise_stage_filters=[
+            [16, 16, 64, 1, 3, 3],
+            [64, 32, 256, 1, 3, 3],
+            [256, 64, 512, 2, 3, 5],
+            [512, 128, 1024, 1, 3, 5],
+        ],
+        apply_downsample=[False, True, True, True],
+        use_lightweight_conv_block=[False, False, True, True],
+        depths=[1, 1, 2, 1],
+        hidden_sizes=[64, 256, 512, 1024],
+        embedding_size=16,
+        use_learnable_affine_block=True,
+        hidden_act="relu",
+        image_shape=(size, size, 3),
+    )
+
+
+def cspnet_backbone(size: int) -> Any:
+    """keras-hub CSPNet: a CSPDarkNet (CSP stages of dark blocks) at four stages, random weights.
+
+    Stem 32 filters, 3x3, stride 2; stages of 1, 2, 3, 1 dark blocks at 64-512 filters, each
+    stage stride 2 (a reduced CSPDarkNet-53: its widths, fewer blocks).
+    """
+    return _hub().models.CSPNetBackbone(
+        stem_filters=32,
+        stem_kernel_size=3,
+        stem_strides=2,
+        stackwise_depth=[1, 2, 3, 1],
+        stackwise_strides=[2, 2, 2, 2],
+        stackwise_num_filters=[64, 128, 256, 512],
+        block_type="dark_block",
+        stage_type="csp",
+        bottle_ratio=[0.5],
+        block_ratio=[1.0],
+        expand_ratio=[2.0],
+        down_growth=True,
+        image_shape=(size, size, 3),
+    )
+
+
+def mit_backbone(size: int) -> Any:
+    """keras-hub MiT-B0 (SegFormer's Mix Transformer encoder), random weights."""
+    return _hub().models.MiTBackbone(
+        layerwise_depths=[2, 2, 2, 2],
+        num_layers=4,
+        layerwise_num_heads=[1, 2, 5, 8],
+        layerwise_sr_ratios=[8, 4, 2, 1],
+        max_drop_path_rate=0.1,
+        layerwise_patch_sizes=[7, 3, 3, 3],
+        layerwise_strides=[4, 2, 2, 2],
+        hidden_dims=[32, 64, 160, 256],
+        image_shape=(size, size, 3),
+    )
+
+
+def _labelled(count: int, size: int, classes: int, mask: bool = False) -> Any:
+    """`count` unbatched (image, label) samples: random images, integer labels (or masks)."""
+    import tensorflow as tf
+
+    def sample(index: Any) -> Any:
+        key = tf.stack([tf.constant(0, tf.int64), index])
+        image = tf.random.stateless_uniform((size, size, 3), key, 0.0, 255.0)
+        shape = (size, size) if mask else ()
+        label = tf.random.stateless_uniform(shape, key + 1, 0, classes, dtype=tf.int32)
+        return image, label
+
+    return tf.data.Dataset.range(count).map(sample)
+
+
+def hub_model(name: str, size: int, batch: int, optimizer: Any) -> tuple[Any, Any]:
+    """A keras-hub task of `bench.estimate_accuracy`'s `new` group, compiled, and its data.
+
+    Classifiers (`HGNetV2`, `CSPNet`, `MiT`: 10 classes) and the `SegFormer` segmenter (MiT-B0
+    encoder, 4 classes, per-pixel logits at the image's size) train with sparse categorical
+    cross-entropy on logits; `DFine` is the tests' D-FINE detector (`mypkg.detectors`, a
+    small HGNetV2, 16 queries, 2 decoder layers) trained through its own matched losses.
+    Each gets `batch` samples.
+
+    Example:
+        ```python
+        model, data = hub_model("MiT", 128, 4, keras.optimizers.Adam())
+        ```
+    """
+    import keras
+
+    hub = _hub()
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    if name == "DFine":
+        import os
+        import sys
+
+        tests = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests")
+        if tests not in sys.path:
+            sys.path.insert(0, tests)
+        from mypkg import detectors
+
+        model = detectors.dfine_detector(size, 16)
+        model.compile(optimizer=optimizer)
+        return model, detectors.dfine_samples(batch, size)
+    if name == "SegFormer":
+        backbone = hub.models.SegFormerBackbone(
+            image_encoder=mit_backbone(size), projection_filters=256
+        )
+        model = hub.models.SegFormerImageSegmenter(backbone=backbone, num_classes=4)
+        model.compile(optimizer=optimizer, loss=loss, metrics=[])
+        return model, _labelled(batch, size, 4, mask=True)
+    if name == "HGNetV2":
+        model = hub.models.HGNetV2ImageClassifier(
+            backbone=hgnetv2_backbone(size), preprocessor=None, num_classes=10
+        )
+    elif name == "CSPNet":
+        model = hub.models.CSPNetImageClassifier(backbone=cspnet_backbone(size), num_classes=10)
+    elif name == "MiT":
+        model = hub.models.MiTImageClassifier(backbone=mit_backbone(size), num_classes=10)
+    else:
+        raise ValueError(f"not a keras-hub model of the benchmark: {name}")
+    model.compile(optimizer=optimizer, loss=loss, metrics=[])
+    return model, _labelled(batch, size, 10)
+
+
+HUB_MODELS = ("HGNetV2", "CSPNet", "MiT", "SegFormer", "DFine")
+
+
 def accuracy_model(name: str, size: int, batch: int, optimizer: Any) -> tuple[Any, Any]:
     """A model of `bench.estimate_accuracy` and its data (None: memfit synthesises the batch).
 
     Args:
         name: a `keras.applications` name, `RegNetX002`, `UNet` (a segmenter, 4 classes),
             `RetinaNet` (keras-hub, ResNet-10 encoder, compiled here with its own losses and
-            `optimizer`) or `ViT` (ViT-Tiny, 8-pixel patches). Classifiers have 10 classes
-            and random weights.
+            `optimizer`), `ViT` (ViT-Tiny, 8-pixel patches) or a keras-hub model of
+            `HUB_MODELS` (`hub_model`: compiled here, with its data). Classifiers have 10
+            classes and random weights.
         size: image side in pixels.
         batch: the batch size (the detector's dataset holds this many samples).
         optimizer: the Keras optimizer the detector is compiled with; classifiers are left
@@ -160,6 +294,8 @@ def accuracy_model(name: str, size: int, batch: int, optimizer: Any) -> tuple[An
 
     from memfit import zoo
 
+    if name in HUB_MODELS:
+        return hub_model(name, size, batch, optimizer)
     if name == "RetinaNet":
         model = zoo.retinanet(size, compile=False)
         model.compile(optimizer=optimizer)

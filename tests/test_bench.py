@@ -448,3 +448,42 @@ def test_grappler_config_settings_change_memfits_config() -> None:
         parse_settings(["remapping"])
     with pytest.raises(ValueError, match="no field"):
         changed_config({"no_such_pass": "OFF"})
+
+
+def test_every_accuracy_model_has_a_family_and_there_are_eight_or_more() -> None:
+    from bench.estimate_accuracy import FAMILY, HOLDOUT, NEW, TUNED_ON, UNSEEN
+
+    models = {s.model for s in TUNED_ON + UNSEEN + HOLDOUT + NEW}
+    assert models <= set(FAMILY)
+    assert len({FAMILY[m] for m in models}) >= 8
+
+
+def test_calibration_holds_each_family_out_and_counts_it_alone() -> None:
+    from bench.calibration import conformal_quantile, leave_one_family_out
+
+    # 19 scores: k = ceil(20 * 0.95) = 19, the largest; 39: the 38th.
+    assert conformal_quantile([float(i) for i in range(1, 20)]) == 19.0
+    assert conformal_quantile([float(i) for i in range(1, 40)]) == 38.0
+
+    def row(family: str, measured: int, highest: int, raced: int = 0) -> dict[str, object]:
+        return {
+            "family": family,
+            "model": family,
+            "size": 96,
+            "batch_size": 2,
+            "optimizer": "adam",
+            "measured": measured,
+            "memfit": highest,
+            "memfit_highest": highest,
+            "memfit_raced": raced,
+        }
+
+    # Family "a" needs 2% (others 10%), "b" 10% but its raced peak covers it, "c" needs 30%.
+    rows = [row("a", 102, 100)] * 3 + [row("b", 110, 100, raced=111)] * 3 + [row("c", 130, 100)]
+    result = leave_one_family_out(rows, "allowance on the highest replay", 0.5)
+    families = result["families"]
+    assert families["a"]["value"] == pytest.approx(0.0)  # from b's 0s and c's 30%: median 0
+    assert families["a"]["covered"] == 0  # 2% needed, none given
+    assert families["b"]["covered"] == 3  # covered by its raced peak whatever the allowance
+    assert families["c"]["value"] == pytest.approx(0.02) and families["c"]["covered"] == 0
+    assert result["n"] == 7 and result["covered"] == 3

@@ -46,9 +46,13 @@ SAMPLES = 4
 WARMUPS = 2
 # Measured steps in each sampled process (the highest counts, as `memfit.measure` reports).
 STEPS = 3
-# Allowance above the highest sampled peak for histories and orders the samples miss,
-# measured on the accuracy benchmark (see docs/design/estimate.md, "The range").
-ALLOWANCE = 0.05
+# Allowance above the highest sampled peak for histories and orders the samples miss:
+# split-conformal at 95% on the accuracy benchmark's 18 model families (`bench.calibration`:
+# the 41st smallest of the 42 allowances the cases needed under one inter-op thread, rounded
+# up; under several, the raced peak covered every case without one). Held out one family at a
+# time, the bound so calibrated covered 40 of 42 cases pinned and 42 of 42 at default
+# threading (docs/design/estimate.md, "The range").
+ALLOWANCE = 0.011
 # The steps the sampled bound stands for: the highest of this many steps after a warm-up in
 # a fresh process (as the accuracy benchmark measures it).
 BOUND_STEPS = 5
