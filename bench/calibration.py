@@ -144,6 +144,7 @@ def leave_one_family_out(
     out["coverage"] = out["covered"] / len(held)
     out["median_margin"] = statistics.median(c["margin"] for c in held)
     out["all"] = max(0.0, conformal_quantile([score(r) for r in rows], rate))
+    out["largest_fold"] = max(f["value"] for f in out["families"].values())
     out["accepted"] = out["coverage"] >= rate and out["median_margin"] <= MARGIN_GOAL
     return out
 
@@ -274,12 +275,19 @@ def main(argv: list[str] | None = None) -> None:
                     )
                 console.print(table)
     rule = next(iter(RULES))
-    # Rounded up to a tenth of a percent: the bound is whole bytes, rounded down.
-    shipped = math.ceil(max(results[t][rule]["all"] for t in threadings) * 1000 - 1e-9) / 1000
-    each = ", ".join(f"{t} {results[t][rule]['all']:.2%}" for t in threadings)
+    # The shipped rule: the largest allowance any held-out fold was given, rounded up to a
+    # whole percent. The value calibrated on every family rests on one or two cases (the k-th
+    # of n scores) and moved from 4.2% to 1.03% when 10 cases came in; the largest fold is
+    # above every calibration seen, so each fold's held-out family stays covered.
+    largest = max(results[t][rule]["largest_fold"] for t in threadings)
+    shipped = math.ceil(largest * 100 - 1e-9) / 100
+    each = ", ".join(
+        f"{t} {results[t][rule]['all']:.2%} (largest fold {results[t][rule]['largest_fold']:.2%})"
+        for t in threadings
+    )
     console.print(
-        f"[b]allowance to ship[/] ({rule}, calibrated on every family, the higher of "
-        f"{each}, rounded up): {shipped:.1%}"
+        f"[b]allowance to ship[/] ({rule}; calibrated on every family: {each}; the largest "
+        f"fold, rounded up to a whole percent): {shipped:.0%}"
     )
     for threads in threadings:
         selected = [r for r in rows if r["threads"] == threads]
@@ -289,7 +297,7 @@ def main(argv: list[str] | None = None) -> None:
             (b - r["measured"]) / r["measured"] for b, r in zip(bounds, selected, strict=True)
         )
         console.print(
-            f"  with {shipped:.1%} on every {threads} case (in sample): {covered} of "
+            f"  with {shipped:.0%} on every {threads} case (in sample): {covered} of "
             f"{len(selected)} covered, median margin {margin:+.1%}"
         )
     if args.markdown:

@@ -174,7 +174,7 @@ def _render_estimate(model: str, result: Any, check: dict[str, Any] | None) -> N
         out.print(
             f"high bound [bold]{format_size(result.high_bytes)}[/] over {result.steps} steps "
             f"(the highest of {len(result.sample_peaks_bytes)} other executor orders and "
-            f"allocator histories, plus {ALLOWANCE:.1%}{run}): rent or plan for this"
+            f"allocator histories, plus {ALLOWANCE:.0%}{run}): rent or plan for this"
         )
     table = Table(title="What is live at the peak")
     table.add_column("part")

@@ -46,13 +46,15 @@ SAMPLES = 4
 WARMUPS = 2
 # Measured steps in each sampled process (the highest counts, as `memfit.measure` reports).
 STEPS = 3
-# Allowance above the highest sampled peak for histories and orders the samples miss:
-# split-conformal at 95% on the accuracy benchmark's 18 model families (`bench.calibration`:
-# the 41st smallest of the 42 allowances the cases needed under one inter-op thread, rounded
-# up; under several, the raced peak covered every case without one). Held out one family at a
-# time, the bound so calibrated covered 40 of 42 cases pinned and 42 of 42 at default
-# threading (docs/design/estimate.md, "The range").
-ALLOWANCE = 0.011
+# Allowance above the highest sampled peak for histories and orders the samples miss,
+# calibrated on the accuracy benchmark's 18 model families held out one at a time
+# (`bench.calibration`, split-conformal at 95%): the largest allowance any held-out fold was
+# given (4.2%, pinned, with MobileNetV2 held out) rounded up to a whole percent. Calibrated on
+# every family at once it comes out at 1.03% pinned (0 at default threading, where the raced
+# peak covers every case), but that value rests on one case and moved from 4.2% as ten cases
+# came in. At 5% the bound covered 42 of 42 cases under each threading, at a median margin of
+# +10.2% (default) and +10.8% (pinned) (docs/design/estimate.md, "The range").
+ALLOWANCE = 0.05
 # The steps the sampled bound stands for: the highest of this many steps after a warm-up in
 # a fresh process (as the accuracy benchmark measures it).
 BOUND_STEPS = 5
