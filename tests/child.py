@@ -7,7 +7,6 @@ through `helpers.run_isolated(path)`, with `tests/` on its path.
 from __future__ import annotations
 
 import json
-import sys
 from typing import Any
 
 RESULT_MARK = "MEMFIT-TEST-RESULT:"
@@ -17,6 +16,3 @@ def emit(obj: Any) -> None:
     """Send `obj` (JSON-serialisable) back to the test that started this process."""
     print(RESULT_MARK + json.dumps(obj), flush=True)
 
-
-ARGS = sys.argv[1:]
-"""The script's command-line arguments (`run_isolated(path, args=[...])`)."""
