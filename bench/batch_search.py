@@ -34,6 +34,7 @@ kept as a second column (`--three-step`; on by default, off with --quick).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import inspect
 import json
 import os
@@ -49,6 +50,7 @@ from rich.table import Table
 from bench.baselines.lightning import VERSION as LIGHTNING_VERSION
 from bench.machine import describe
 from bench.trials import FIT_STEPS, ROOT, ChildTrials
+from memfit.checks import Options
 from memfit.errors import MeasurementError
 
 console = Console(stderr=True)
@@ -95,6 +97,8 @@ SEARCH_TIMEOUT = 3600.0
 # 20-step max may cost.
 CONFIRMATIONS = 2
 MAX_TRUTH_RUNS = 24
+# `find_batch_size`'s knobs that go in its `memfit.Options`.
+OPTIONS_FIELDS = tuple(field.name for field in dataclasses.fields(Options))
 
 
 def memfit_options(flags: list[str]) -> dict[str, Any]:
@@ -107,8 +111,8 @@ def memfit_options(flags: list[str]) -> dict[str, Any]:
         flags: options after `memfit batch MODEL`, e.g. `["--soak-steps", "0"]`.
 
     Returns:
-        The parsed options that `memfit.find_batch_size` takes (by name), plus
-        `"in_process"` (the CLI's `--in-process`).
+        The parsed options that `memfit.find_batch_size` takes (by name, or in its
+        `memfit.Options`: `soak_steps`), plus `"in_process"` (the CLI's `--in-process`).
 
     Example:
         >>> memfit_options(["--soak-steps", "0"])["soak_steps"]
@@ -124,11 +128,12 @@ def memfit_options(flags: list[str]) -> dict[str, Any]:
     except click.UsageError as exc:
         message = f"memfit batch no longer takes {flags}: {exc.format_message()}"
         raise RuntimeError(message) from exc
-    takes = inspect.signature(find_batch_size).parameters
+    takes = {*inspect.signature(find_batch_size).parameters, *OPTIONS_FIELDS}
     options = {
         name: value
         for name, value in context.params.items()
-        if name in takes and name not in ("model", "input_shape", "data", "budget")
+        # --device names the emulated card (it goes in the budget), not the TF device.
+        if name in takes and name not in ("model", "input_shape", "data", "budget", "device")
     }
     options["in_process"] = bool(context.params.get("in_process"))
     return options
@@ -168,14 +173,15 @@ def run_memfit(method: str, case: Case, budget: Any, seen: dict[int, list[bool]]
         model = memfit.load_model(case.spec, input_shape=case.input_shape)
         data = call_factory(case.data) if case.data else None
     start = time.perf_counter()
+    knobs = {name: options[name] for name in OPTIONS_FIELDS if name in options}
     result = memfit.find_batch_size(
         model,
         budget=budget,
-        isolated=not in_process,
         input_shape=case.input_shape,
         data=data,
         progress=on_trial,
-        **options,
+        options=memfit.Options(isolated=not in_process, **knobs),
+        **{name: value for name, value in options.items() if name not in knobs},
     )
     return {
         "found": result.batch_size,

@@ -89,7 +89,9 @@ def measure_side(card: str, models: dict[str, list[Any]]) -> dict[str, Any]:
         row: dict[str, Any] = {"spec": spec, "batch_size": batch_size}
         try:
             model = memfit.load_model(spec, input_shape=IMAGE)
-            measured = memfit.measure(model, batch_size, input_shape=IMAGE, repeats=3)
+            measured = memfit.measure(
+                model, batch_size, input_shape=IMAGE, options=memfit.Options(repeats=3)
+            )
             row.update(
                 device=measured.device,
                 oom=measured.oom,

@@ -69,7 +69,7 @@ workload = Workload(model, data=data)
 MEASURE = (
     _BUILD
     + """
-m = memfit.measure(model, batch, data=data, repeats=steps)
+m = memfit.measure(model, batch, data=data, options=memfit.Options(repeats=steps))
 emit({"peaks": m.peaks_bytes})
 """
 )

@@ -68,7 +68,9 @@ try:
             data = None
     recompute = "sqrt" if variant == "sqrt" else None
     report = str(memfit.recompute(model, "sqrt").report) if recompute else None
-    m = memfit.measure(model, batch, data=data, repeats=repeats, recompute=recompute)
+    m = memfit.measure(
+        model, batch, data=data, recompute=recompute, options=memfit.Options(repeats=repeats)
+    )
     estimated = high = None
     if ESTIMATE and variant in ("plain", "sqrt"):
         from memfit.estimation import estimate_workload

@@ -15,7 +15,7 @@ model = keras.applications.MobileNetV2(weights=None, input_shape=(224, 224, 3), 
 model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
 
 for batch_size in (8, 32):
-    print(memfit.measure(model, batch_size, repeats=2))
+    print(memfit.measure(model, batch_size, options=memfit.Options(repeats=2)))
 
 result = memfit.find_batch_size(model, margin=0.05, max_batch=48, progress=print)
 print(result.summary())

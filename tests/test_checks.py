@@ -8,6 +8,7 @@ from click.testing import CliRunner
 
 import memfit
 from memfit import checks
+from memfit.checks import takes_options
 from memfit.errors import DataError, MemfitError, WorkloadError
 
 BATCH = "batch size must be a whole number of at least 1, got "
@@ -101,19 +102,25 @@ def test_the_python_api_says_the_same_about_a_bad_margin_and_counts():
     model = "keras.applications.MobileNetV2"
     for call in (
         lambda: memfit.plan(model, 8, budget="1GiB", margin=1.5),
-        lambda: memfit.find_batch_size(model, budget="1GiB", margin=1.5, isolated=True),
+        lambda: memfit.find_batch_size(
+            model, budget="1GiB", margin=1.5, options=memfit.Options(isolated=True)
+        ),
     ):
         with pytest.raises(MemfitError) as caught:
             call()
         assert str(caught.value) == MARGIN + "1.5"
     with pytest.raises(WorkloadError, match="^repeats must be a whole number of at least 1"):
-        memfit.measure(object(), 4, repeats=0)
+        memfit.measure(object(), 4, options=memfit.Options(repeats=0))
     with pytest.raises(WorkloadError, match="^confirm_steps must be a whole number of at least"):
-        memfit.plan(model, 8, budget="1GiB", confirm_steps=0)
+        memfit.plan(model, 8, budget="1GiB", options=memfit.Options(confirm_steps=0))
     with pytest.raises(WorkloadError, match="^max_batch must be a whole number of at least 1"):
-        memfit.find_batch_size(model, budget="1GiB", max_batch=0, isolated=True)
+        memfit.find_batch_size(
+            model, budget="1GiB", max_batch=0, options=memfit.Options(isolated=True)
+        )
     with pytest.raises(WorkloadError, match="^soak_steps must be a whole number of at least 0"):
-        memfit.find_batch_size(model, budget="1GiB", soak_steps=-1, isolated=True)
+        memfit.find_batch_size(
+            model, budget="1GiB", options=memfit.Options(soak_steps=-1, isolated=True)
+        )
 
 
 @pytest.mark.parametrize(
@@ -155,3 +162,32 @@ def test_threads_are_two_whole_numbers(good):
 def test_bad_threads_have_one_text(bad):
     with pytest.raises(WorkloadError, match="threads must be INTER,INTRA"):
         checks.check_threads(bad)
+
+
+def test_options_knobs_given_as_keywords_still_work_with_a_deprecation_warning():
+    with (
+        pytest.deprecated_call(match=r"pass options=memfit.Options\(isolated=True, soak_steps=-1"),
+        pytest.raises(WorkloadError, match="^soak_steps must be a whole number"),
+    ):
+        memfit.find_batch_size("keras.applications.MobileNetV2", isolated=True, soak_steps=-1)
+
+    @takes_options("repeats", "isolated")
+    def measure(model, *, options=None):
+        return options
+
+    with pytest.deprecated_call(match="stop working in the next release"):
+        given = measure("m", repeats=2, options=memfit.Options(isolated=True))
+    assert given == memfit.Options(repeats=2, isolated=True)
+    assert measure("m") is None
+    with pytest.raises(ValueError, match="not Options fields"):
+        takes_options("no_such_knob")
+
+
+def test_options_check_their_values_when_made():
+    assert memfit.Options().samples is None  # None: the analysis's own default
+    assert memfit.Options(threads="2,4").threads == (2, 4)
+    assert memfit.Options(samples=0, soak_steps=0).soak_steps == 0
+    with pytest.raises(WorkloadError, match="^samples must be a whole number of at least 0"):
+        memfit.Options(samples=-1)
+    with pytest.raises(WorkloadError, match="^threads must be INTER,INTRA"):
+        memfit.Options(threads="two")

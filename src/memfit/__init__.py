@@ -9,6 +9,7 @@ Public API (everything else is private):
 - `doctor`: preflight of this machine.
 - `load_model`, `Workload`: MODEL arguments and what a training step is made of.
 - `parse_size`, `format_size`, `CARDS`: sizes and named cards.
+- `Options`: the knobs of the analyses that few runs change (`options=` of each).
 - `Watch`, `WatchFinding`: a Keras callback that watches training (memory growth, retracing,
   input-bound, divergence, OOM) and says why and what to do; `memfit report` shows its log.
 - `recompute`, `Recompute`, `RecomputeReport`: gradient checkpointing that saves memory on
@@ -30,6 +31,7 @@ from memfit import data  # subpackage; imports TensorFlow only when used
 from memfit.budget.budget import Budget
 from memfit.budget.cards import CARDS, Card, get_card
 from memfit.budget.emulation import defer_environment_error, emulate, emulate_from_environment
+from memfit.checks import Options
 from memfit.doctor.preflight import DoctorReport, Finding, doctor
 from memfit.errors import (
     BackendMissingError,
@@ -84,6 +86,7 @@ __all__ = [
     "MemfitError",
     "MemfitWarning",
     "ModelLoadError",
+    "Options",
     "Plan",
     "Recompute",
     "RecomputeError",

@@ -1,17 +1,19 @@
-"""Checks of the arguments memfit's analyses share, each with one error text.
+"""The arguments memfit's analyses share: their checks, and the options few runs change.
 
 A batch size, a count (steps, repeats, micro-batches, the largest batch to try, replicas),
 the soak's steps and the margin (the share of the budget kept free) are checked here and
 nowhere else, so that `memfit.measure`, `estimate`, `find_batch_size`, `plan`, `fit`, the
 child processes and the CLI say the same thing about the same mistake. The margin's default
-lives here too, and `keyword_only`, which keeps an old positional spelling working for one
-release.
+lives here too; `Options`, the knobs that most runs leave at their defaults, in one object
+that every analysis takes; and `keyword_only` and `takes_options`, which keep an old
+spelling working for one release.
 
 This module imports nothing of memfit but its errors, so any module may use it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 import numbers
@@ -172,3 +174,108 @@ def check_threads(value: Any) -> tuple[int, int]:
             "threads must be INTER,INTRA: two whole numbers of at least 1 (inter-op and "
             f"intra-op threads), got {value!r}"
         ) from None
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    """The knobs of memfit's analyses that most runs leave at their defaults.
+
+    One object for all of them, which every analysis takes as `options=` and reads what
+    applies to it: the same `Options` can go to `measure`, `estimate`, `find_batch_size` and
+    `plan` (as `tf.data.Options` goes to any dataset).
+
+    Args:
+        isolated: the model is a MODEL string (`"keras.applications.ResNet50"`, a `.keras`
+            file, `package.module:factory`) that a child process loads, so this process
+            needs no TensorFlow state (`measure`, `find_batch_size`).
+        safe_mode: False lets a child load a trusted `.keras` file (or the saved copy of a
+            model) that runs Python code, such as a Lambda layer (`find_batch_size`, `plan`).
+        repeats: measured steps per measurement, the highest peak kept (default 3 for
+            `measure`, 1 for each of `plan`'s candidates).
+        device: the device `measure` runs on (default the first GPU, else the CPU).
+        worst_case: `measure` builds its batches of the dataset's largest samples.
+        samples: other processes `estimate` replays for its high bound (default 4), the
+            executor's order drawn at random in each; 0 leaves the bound out.
+        threads: `(inter_op, intra_op)` thread counts the estimate replays the executor
+            with (default: TensorFlow's defaults on this machine).
+        soak_steps: training steps `find_batch_size`'s answer must hold from a fresh start
+            before it is the answer (default 20; 0 answers from the search's trials).
+        confirm: `plan` trains its chosen plan for `confirm_steps` in a fresh process before
+            answering with it.
+        confirm_steps: the steps of that confirmation (default 20).
+
+    A field left at None takes the default of the analysis it goes to.
+
+    Example:
+        >>> options = Options(isolated=True, soak_steps=0)
+        >>> options.repeats is None, options.soak_steps
+        (True, 0)
+        >>> Options(threads="1,2").threads
+        (1, 2)
+    """
+
+    isolated: bool = False
+    safe_mode: bool = True
+    repeats: int | None = None
+    device: str | None = None
+    worst_case: bool = False
+    samples: int | None = None
+    threads: tuple[int, int] | None = None
+    soak_steps: int | None = None
+    confirm: bool = True
+    confirm_steps: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("repeats", "confirm_steps"):
+            if getattr(self, name) is not None:
+                check_positive_int(getattr(self, name), name)
+        if self.samples is not None:
+            check_whole_number(self.samples, "samples", minimum=0)
+        if self.soak_steps is not None:
+            check_soak_steps(self.soak_steps)
+        if self.threads is not None:
+            object.__setattr__(self, "threads", check_threads(self.threads))
+
+
+def takes_options(*names: str) -> Callable[[F], F]:
+    """Let the `Options` fields `names` still be given as keywords, with a `DeprecationWarning`.
+
+    For knobs that were keyword arguments of the function in an earlier release: a call that
+    passes them works as before (they replace those fields of its `options`), and is told to
+    pass them in `options=memfit.Options(...)`.
+
+    Args:
+        names: the `Options` fields the function took as keywords.
+
+    Example:
+        >>> @takes_options("repeats")
+        ... def measure(model, *, options=None):
+        ...     return (options or Options()).repeats
+        >>> measure("m", options=Options(repeats=2))
+        2
+    """
+    fields = {field.name for field in dataclasses.fields(Options)}
+    unknown = set(names) - fields
+    if unknown:
+        raise ValueError(f"not Options fields: {sorted(unknown)}")
+
+    def decorate(function: F) -> F:
+        @functools.wraps(function)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            legacy = {name: kwargs.pop(name) for name in names if name in kwargs}
+            if legacy:
+                given = ", ".join(f"{name}={value!r}" for name, value in legacy.items())
+                warnings.warn(
+                    f"{function.__name__}: pass options=memfit.Options({given}); as keyword "
+                    f"arguments they stop working in the next release",
+                    DeprecationWarning,
+                    stacklevel=2,
+                )
+                kwargs["options"] = dataclasses.replace(
+                    kwargs.get("options") or Options(), **legacy
+                )
+            return function(*args, **kwargs)
+
+        return wrapper  # type: ignore[return-value]
+
+    return decorate

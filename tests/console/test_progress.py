@@ -110,7 +110,7 @@ def test_a_budget_given_by_position_still_works_with_a_deprecation_warning():
         search("m", "1GiB", 0.1)
     # The real entry points keep the old order.
     with pytest.warns(DeprecationWarning), pytest.raises(MemfitError):
-        memfit.find_batch_size(object(), "1GiB", isolated=True)
+        memfit.find_batch_size(object(), "1GiB", options=memfit.Options(isolated=True))
 
 
 def test_lines_read_like_the_cli():

@@ -8,7 +8,7 @@ from typing import Any
 import click
 from rich.table import Table
 
-from memfit.checks import check_batch_size, check_threads
+from memfit.checks import Options, check_batch_size, check_threads
 from memfit.cli.options import apply_budget, count_option, workload_command
 from memfit.cli.render import err, out, print_json
 from memfit.estimation.bounds import ALLOWANCE, BOUND_STEPS, RUN_STEPS, SAMPLES
@@ -101,7 +101,11 @@ def estimate(
             # A Model Garden task: its own train_step, traced at this batch; no what-ifs.
             named = {"overrides": workload.overrides, "params": workload.params}
             what_ifs = False
-        reach = {"what_ifs": what_ifs, "samples": samples, "steps": steps, "threads": assumed}
+        reach = {
+            "what_ifs": what_ifs,
+            "steps": steps,
+            "options": Options(samples=samples, threads=assumed),
+        }
         result = run_estimate(
             target,
             batch_size,

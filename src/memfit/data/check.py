@@ -95,7 +95,7 @@ def check(
             to it); for a model that takes any size, it is measured at a reference size of the
             largest image's shape (longer side 256) and scaled by pixel count to the largest
             image: activations grow with pixels, weights and optimizer state do not. Each
-            measurement runs in a fresh child process (`memfit.measure(..., isolated=True)`).
+            measurement runs in a fresh child process (`memfit.measure` isolated).
         batch_size: the batch size memory figures are for.
         workers: files read at once (default: up to 8, one per file).
         decode: decode every image (finds undecodable images and wrong sizes; slower).

@@ -16,7 +16,13 @@ from typing import Any
 
 from memfit.backend.tf_kernels import assume_threads
 from memfit.budget.budget import Budget, as_budget, emulated_budget
-from memfit.checks import check_batch_size, check_positive_int, check_threads
+from memfit.checks import (
+    Options,
+    check_batch_size,
+    check_positive_int,
+    check_threads,
+    takes_options,
+)
 from memfit.console.progress import Progress, shows_progress
 from memfit.errors import WorkloadError
 from memfit.estimation.bounds import RUN_STEPS, SAMPLES
@@ -48,6 +54,7 @@ from memfit.workload.spec import KERAS_REMAT_MODES, PRECISIONS
 from memfit.workload.workload import InputShape, Workload
 
 
+@takes_options("samples", "threads")
 @shows_progress(
     "on_progress", lambda a: f"estimating batch {a['batch_size']}", "phase", deprecated=True
 )
@@ -64,14 +71,13 @@ def estimate(
     remat: str | None = None,
     classes: int | None = None,
     what_ifs: bool = False,
-    samples: int = SAMPLES,
     steps: int = RUN_STEPS,
-    threads: tuple[int, int] | None = None,
     on_progress: Callable[[str], None] | None = None,
     step_fn: Callable[[Any, Any], Any] | None = None,
     overrides: Any = (),
     params: Any = (),
     progress: Progress = None,
+    options: Options | None = None,
 ) -> Estimate:
     """Predict the peak memory of one training step of `model` at `batch_size`, without running.
 
@@ -97,13 +103,8 @@ def estimate(
             recompute, and (for MODEL strings that build the model) mixed precision, SGD vs
             Adam and a smaller input resolution; those rebuilt models are traced in a helper
             process beside this one where one can help (see `memfit.estimation.helper`).
-        samples: other processes to replay for the high bound (`Estimate.high_bytes`);
-            0 leaves it out. What-ifs scale their high bound by the base step's
-            high-to-likely ratio instead of sampling again.
         steps: steps of training the high bound covers (default 200, a run; 5 gives the
             highest of 5 steps after a warm-up, as `--check` measures).
-        threads: `(inter, intra)` thread counts of the machine to estimate for (default:
-            what TensorFlow uses in this process: as set, else one per CPU it may run on).
         on_progress: deprecated, `progress=callable` instead.
         step_fn: a step spec: `step_fn(data, optimizer) -> logs`, the whole training step of
             `model` (Keras 3 or tf_keras) with `optimizer`; `data` is then a callable
@@ -115,6 +116,12 @@ def estimate(
         progress: show the phases on stderr (a spinner): None (default) when stderr is a
             terminal or a notebook, True / False, or a callable that receives each
             phase's text instead (`memfit.console.progress`).
+        options: the knobs few runs change (`memfit.Options`): `samples`, the other
+            processes replayed for the high bound (`Estimate.high_bytes`; default 4, 0
+            leaves it out; what-ifs scale their high bound by the base step's
+            high-to-likely ratio instead of sampling again); `threads`, the `(inter, intra)`
+            thread counts of the machine to estimate for (default: what TensorFlow uses in
+            this process: as set, else one per CPU it may run on).
 
     Returns:
         An `Estimate`.
@@ -127,6 +134,9 @@ def estimate(
     """
     arguments = dict(locals())  # the helper process rebuilds the workload from them
     check_batch_size(batch_size)
+    options = options or Options()
+    samples = SAMPLES if options.samples is None else options.samples
+    threads = options.threads
     steps = check_positive_int(steps, "steps")
     report = on_progress or (lambda _text: None)
     if step_fn is not None or (isinstance(model, str) and model.startswith("garden:")):

@@ -32,7 +32,7 @@ def measure_in_child(
     recompute: Any = None,
     explain: bool = False,
 ) -> Measurement:
-    """`memfit.measure(..., isolated=True)`: the measurement made in a fresh child process.
+    """`memfit.measure` isolated (`Options(isolated=True)`): measured in a fresh child process.
 
     Args:
         workload: what the child builds and trains, whole (precision, remat, classes,

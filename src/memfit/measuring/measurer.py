@@ -14,7 +14,7 @@ from memfit.backend import tf as tfb
 from memfit.backend.tf_kernels import tensor_bytes
 from memfit.backend.tf_profile import AllocationRecorder, step_info
 from memfit.budget.budget import Budget, as_budget, emulated_budget
-from memfit.checks import check_batch_size, check_positive_int
+from memfit.checks import Options, check_batch_size, takes_options
 from memfit.console.progress import Progress, shows_progress
 from memfit.errors import WorkloadError
 from memfit.measuring.explain import explain_records
@@ -30,6 +30,7 @@ from memfit.workload.workload import InputShape, Workload
 DEFAULT_REPEATS = 3
 
 
+@takes_options("repeats", "device", "isolated", "worst_case")
 @shows_progress(
     "on_progress", lambda a: f"measuring batch {a['batch_size']}", "phase", deprecated=True
 )
@@ -41,11 +42,7 @@ def measure(
     input_shape: InputShape | None = None,
     optimizer: Any = None,
     loss: Any = None,
-    repeats: int = DEFAULT_REPEATS,
-    device: str | None = None,
     budget: Budget | str | int | None = None,
-    isolated: bool = False,
-    worst_case: bool = False,
     micro_batches: int = 1,
     on_progress: Callable[[str], None] | None = None,
     recompute: Any = None,
@@ -54,6 +51,7 @@ def measure(
     overrides: Any = (),
     params: Any = (),
     progress: Progress = None,
+    options: Options | None = None,
 ) -> Measurement:
     """Run one real training step of `model` at `batch_size` and measure its peak memory.
 
@@ -67,27 +65,22 @@ def measure(
 
     On CPU the allocator keeps statistics only when memfit switched on TensorFlow's BFC
     allocator before TensorFlow initialised (`memfit.emulate`, `MEMFIT_MEMORY`, the CLI's
-    `--memory`); otherwise use `isolated=True`.
+    `--memory`); otherwise measure in a child process (`options=Options(isolated=True)`).
 
     Args:
-        model: a Keras model, or (with `isolated=True`) a MODEL string
+        model: a Keras model, or (isolated) a MODEL string
             (`.keras` file, `package.module:factory`, `keras.applications.Name`), or a
             TF Model Garden task (`garden:EXPERIMENT`, `garden:package.module:callable`),
             whose step is the task's own `train_step` (see docs/garden.md).
         batch_size: samples in the step (at least 1).
         data: a `tf.data.Dataset` of unbatched `(x, y)` samples; default: synthesised samples.
-            With `isolated=True`: a `package.module:dataset_fn` string.
+            Isolated: a `package.module:dataset_fn` string.
         input_shape: shape of one sample for models with undefined input dimensions.
         optimizer: optimizer to compile with (default: the model's own, else Adam).
         loss: loss to compile with (default: the model's own, else one chosen for the output).
-        repeats: measured steps after the warm-up (at least 1).
-        device: device to measure (default `GPU:0` when present, else `CPU:0`).
         budget: in-process: the budget to compare against (default: the emulated one).
             Isolated: the budget to emulate in the child process (default: the one this
             process emulates).
-        isolated: measure in a fresh child process, for devices where an OOM leaves the process
-            unusable, or when this process cannot measure (TensorFlow already initialised).
-        worst_case: with `data`, build the batch from the dataset's largest samples.
         micro_batches: measure the step `memfit.fit` runs with this many micro-batches
             (gradients accumulated over them, one update) instead of the model's `train_step`.
         on_progress: deprecated, `progress=callable` instead.
@@ -110,6 +103,12 @@ def measure(
         progress: show the phases on stderr (a spinner): None (default) when stderr is a
             terminal or a notebook, True / False, or a callable that receives each
             phase's text instead (`memfit.console.progress`).
+        options: the knobs few runs change (`memfit.Options`): `repeats`, the measured
+            steps after the warm-up (default 3); `device` to measure (default `GPU:0` when
+            present, else `CPU:0`); `isolated`, to measure in a fresh child process, for
+            devices where an OOM leaves the process unusable, or when this process cannot
+            measure (TensorFlow already initialised); `worst_case`, to build the batch of
+            the dataset's largest samples.
 
     Returns:
         A `Measurement`; `oom=True` when the step ran out of memory.
@@ -123,7 +122,9 @@ def measure(
         ```
     """
     check_batch_size(batch_size)
-    check_positive_int(repeats, "repeats")
+    options = options or Options()
+    repeats = DEFAULT_REPEATS if options.repeats is None else options.repeats
+    device, isolated, worst_case = options.device, options.isolated, options.worst_case
     if step_fn is not None:
         if isolated or isinstance(model, str):
             raise WorkloadError(
@@ -146,10 +147,10 @@ def measure(
     if not isolated and isinstance(model, str):
         raise WorkloadError(
             "measure() takes a keras.Model in this process; to measure a MODEL string, "
-            "pass isolated=True or load it with memfit.load_model()"
+            "pass options=memfit.Options(isolated=True) or load it with memfit.load_model()"
         )
     workload, given = WorkloadSpec.from_arguments(locals())
-    options = {
+    knobs = {
         "repeats": repeats,
         "budget": as_budget(budget) or emulated_budget(),
         "micro_batches": micro_batches,
@@ -157,9 +158,9 @@ def measure(
         "explain": explain,
     }
     if isolated:
-        return measure_in_child(workload, batch_size, model=given, **options)
+        return measure_in_child(workload, batch_size, model=given, **knobs)
     return measure_built(
-        workload.workload(given), batch_size, device=device, on_progress=on_progress, **options
+        workload.workload(given), batch_size, device=device, on_progress=on_progress, **knobs
     )
 
 

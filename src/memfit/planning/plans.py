@@ -12,10 +12,12 @@ from memfit.budget.budget import Budget, as_budgets, emulated_budget, tightest_i
 from memfit.budget.fitting import limit_bytes
 from memfit.checks import (
     DEFAULT_MARGIN,
+    Options,
     check_batch_size,
     check_margin,
     check_positive_int,
     keyword_only,
+    takes_options,
 )
 from memfit.console.progress import Progress, shows_progress
 from memfit.errors import MemfitError
@@ -49,9 +51,12 @@ __all__ = [
 ]
 
 DEFAULT_CONFIRM_STEPS = 20
+DEFAULT_PLAN_REPEATS = 1
+"""Measured steps per measured candidate after the warm-up."""
 
 
 @keyword_only("budget")
+@takes_options("repeats", "safe_mode", "confirm", "confirm_steps")
 @shows_progress(
     "on_candidate",
     lambda a: (
@@ -74,17 +79,14 @@ def plan(
     data: str | None = None,
     optimizer: str | None = None,
     loss: str | None = None,
-    repeats: int = 1,
     on_candidate: Callable[[Candidate], None] | None = None,
     classes: int | None = None,
-    safe_mode: bool = True,
-    confirm: bool = True,
-    confirm_steps: int = DEFAULT_CONFIRM_STEPS,
     progress: Progress = None,
     replicas: int | None = None,
     strategy: Any = None,
     overrides: Sequence[str] = (),
     params: Sequence[str] = (),
+    options: Options | None = None,
 ) -> Plan:
     """Plan K (micro-batches), precision and recompute for a target effective batch.
 
@@ -95,11 +97,11 @@ def plan(
     while it could still need fewer micro-batches than those found. The finalists — when
     several could be the fastest, or a smaller K is predicted near the limit — are measured
     in fresh child processes under the budget, and the fastest that fits is chosen. With
-    `confirm` (the default) the choice then trains `confirm_steps` steps of `memfit.fit` in a
-    fresh process; if it needs a recovery or peaks over the limit, the next fastest is
-    confirmed in turn: the other measured finalists, and the same configuration with more
-    micro-batches, its time scaled from the failed one's. A model the estimate cannot trace
-    is planned from measurements alone.
+    `Options.confirm` (the default) the choice then trains `confirm_steps` steps of
+    `memfit.fit` in a fresh process; if it needs a recovery or peaks over the limit, the next
+    fastest is confirmed in turn: the other measured finalists, and the same configuration
+    with more micro-batches, its time scaled from the failed one's. A model the estimate
+    cannot trace is planned from measurements alone.
 
     Precision and recompute change how the model is built, so they are planned only for a
     MODEL string that builds it — a factory (`package.module:factory`) or a built-in
@@ -125,14 +127,9 @@ def plan(
         input_shape: one sample's shape, for models with undefined inputs.
         data: `package.module:dataset_fn` of unbatched samples (detectors, dict targets).
         optimizer, loss: by name, to compile with (default: the model's own).
-        repeats: measured steps per measured candidate after the warm-up.
         on_candidate: called with a `Candidate` each time it is estimated, measured or
             confirmed (progress displays).
         classes: classes of a built-in model (`keras.applications.Name`).
-        safe_mode: False loads a trusted `.keras` file that runs Python code (Lambda layers).
-        confirm: train the chosen configuration `confirm_steps` steps of `memfit.fit` in a
-            fresh process before answering (default True).
-        confirm_steps: steps of the confirmation run (default 20).
         progress: a spinner and one line per candidate on stderr, as the CLI shows them;
             default on when stderr is a terminal and no `on_candidate` is given; False turns
             it off, a callable receives each `Candidate` instead (`memfit.console.progress`).
@@ -142,6 +139,11 @@ def plan(
         overrides: for a Model Garden task (`model="garden:EXPERIMENT"`), `key.path=value`
             strings applied to its experiment config (`task.model.input_size=[128,128,3]`).
         params: for a Model Garden task, YAML/JSON files or texts applied to its config first.
+        options: the knobs few runs change (`memfit.Options`): `repeats`, the measured steps
+            per measured candidate after the warm-up (default 1); `safe_mode=False` loads a
+            trusted `.keras` file that runs Python code (Lambda layers); `confirm=False`
+            answers without training the chosen configuration `confirm_steps` steps
+            (default 20) of `memfit.fit` in a fresh process first.
 
     Returns:
         A `Plan`; build the model in `plan.build_scope()` and pass the plan to
@@ -155,6 +157,12 @@ def plan(
         two = memfit.plan("mypkg.models:build", 256, budget=["T4", "L4"])  # 2 replicas, 128 each
         ```
     """
+    options = options or Options()
+    safe_mode, confirm = options.safe_mode, options.confirm
+    repeats = DEFAULT_PLAN_REPEATS if options.repeats is None else options.repeats
+    confirm_steps = (
+        DEFAULT_CONFIRM_STEPS if options.confirm_steps is None else options.confirm_steps
+    )
     workload, model = WorkloadSpec.from_arguments(locals())
     return plan_workload(
         workload,
@@ -182,7 +190,7 @@ def plan_workload(
     margin: float = DEFAULT_MARGIN,
     precisions: Sequence[str] | None = None,
     remat_modes: Sequence[str | None] | None = None,
-    repeats: int = 1,
+    repeats: int = DEFAULT_PLAN_REPEATS,
     on_candidate: Callable[[Candidate], None] | None = None,
     confirm: bool = True,
     confirm_steps: int = DEFAULT_CONFIRM_STEPS,

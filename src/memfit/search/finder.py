@@ -14,10 +14,12 @@ from memfit.budget.fitting import (
 )
 from memfit.checks import (
     DEFAULT_MARGIN,
+    Options,
     check_margin,
     check_positive_int,
     check_soak_steps,
     keyword_only,
+    takes_options,
 )
 from memfit.console.progress import Progress, shows_progress
 from memfit.errors import MemfitError, WorkloadError
@@ -32,6 +34,7 @@ from memfit.workload.workload import InputShape
 
 
 @keyword_only("budget")
+@takes_options("isolated", "soak_steps", "safe_mode")
 @shows_progress(
     "on_trial",
     lambda a: (
@@ -51,16 +54,14 @@ def find_batch_size(
     input_shape: InputShape | None = None,
     optimizer: Any = None,
     loss: Any = None,
-    isolated: bool = False,
-    soak_steps: int = DEFAULT_SOAK_STEPS,
     on_trial: Callable[[Trial], None] | None = None,
     classes: int | None = None,
-    safe_mode: bool = True,
     progress: Progress = None,
     replicas: int | None = None,
     strategy: Any = None,
     overrides: Sequence[str] = (),
     params: Sequence[str] = (),
+    options: Options | None = None,
 ) -> BatchSearchResult:
     """Find the largest batch size whose training step fits the budget, from measurements.
 
@@ -84,33 +85,28 @@ def find_batch_size(
     to the next smaller size predicted to hold, soaked in turn.
 
     The model in this process is never touched: the child loads the MODEL string
-    (`isolated=True`) or a saved copy of the model (and of the dataset's largest samples). A
-    model that cannot be saved is measured in this process (`decided_in == "this_process"`):
-    every variable is restored bit for bit after each trial (see `memfit.measure`), and after
-    an OOM this process's allocator is fragmented and may fail sizes a fresh process fits.
+    (`Options(isolated=True)`) or a saved copy of the model (and of the dataset's largest
+    samples). A model that cannot be saved is measured in this process (`decided_in ==
+    "this_process"`): every variable is restored bit for bit after each trial (see
+    `memfit.measure`), and after an OOM this process's allocator is fragmented and may fail
+    sizes a fresh process fits.
 
     Args:
-        model: a compiled Keras model, or a MODEL string with `isolated=True`.
+        model: a compiled Keras model, or (isolated) a MODEL string.
         budget: the budget to fit (`Budget`, size, or card name). In-process: default the
             emulated budget; it must not exceed what the device really gives. Isolated: each
             trial's child emulates it.
         max_batch: never try more than this.
         margin: share of the step's own bytes (its peak less what is resident before it)
             kept free under the budget, 0 <= margin < 1 (default 0.05).
-        data: a `tf.data.Dataset` of unbatched `(x, y)` samples (`package.module:dataset_fn`
-            with `isolated=True`); trials then use its largest samples, and the dataset's
-            size caps the batch.
+        data: a `tf.data.Dataset` of unbatched `(x, y)` samples (isolated: a
+            `package.module:dataset_fn` string); trials then use its largest samples, and
+            the dataset's size caps the batch.
         input_shape: shape of one sample for models with undefined input dimensions.
         optimizer: optimizer to compile with (default: the model's own, else Adam).
         loss: loss to compile with (default: the model's own).
-        isolated: `model` is a MODEL string the child loads, so this process needs no
-            TensorFlow state at all.
-        soak_steps: measured training steps the size found must hold for, from a fresh
-            start, before it is the answer (default 20; 0 answers from the search's trials).
         on_trial: called with each `Trial` as it completes (progress displays).
-        classes: classes of a built-in MODEL string (`isolated=True`).
-        safe_mode: False lets the child load a trusted `.keras` file (or the saved copy of
-            a model) that runs Python code, such as a Lambda layer.
+        classes: classes of a built-in MODEL string.
         progress: a spinner and one line per trial on stderr, as the CLI shows them; default
             on when stderr is a terminal and no `on_trial` is given; False turns it off, a
             callable receives each `Trial` instead (`memfit.console.progress`).
@@ -123,6 +119,12 @@ def find_batch_size(
         overrides: for a Model Garden task (`model="garden:EXPERIMENT"`), `key.path=value`
             strings applied to its experiment config (`task.model.input_size=[128,128,3]`).
         params: for a Model Garden task, YAML/JSON files or texts applied to its config first.
+        options: the knobs few runs change (`memfit.Options`): `isolated`, when `model` is
+            a MODEL string the child loads, so this process needs no TensorFlow state at
+            all; `soak_steps`, the measured training steps the size found must hold for,
+            from a fresh start, before it is the answer (default 20; 0 answers from the
+            search's trials); `safe_mode=False` lets the child load a trusted `.keras` file
+            (or the saved copy of a model) that runs Python code, such as a Lambda layer.
 
     Returns:
         A `BatchSearchResult`; `batch_size == 0` when even batch 1 does not fit. With
@@ -138,6 +140,9 @@ def find_batch_size(
         print(two.batch_size, two.global_batch_size)
         ```
     """
+    options = options or Options()
+    isolated, safe_mode = options.isolated, options.safe_mode
+    soak_steps = DEFAULT_SOAK_STEPS if options.soak_steps is None else options.soak_steps
     if not isolated and isinstance(model, str):
         raise WorkloadError(IN_PROCESS_MODEL)
     workload, model = WorkloadSpec.from_arguments(locals())

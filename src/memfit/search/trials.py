@@ -25,8 +25,8 @@ from memfit.workload.workload import SAMPLES_READ, readable_samples
 
 # Why an in-process search refuses a MODEL string.
 IN_PROCESS_MODEL = (
-    "find_batch_size() takes a keras.Model in this process; pass isolated=True to search a "
-    "MODEL string"
+    "find_batch_size() takes a keras.Model in this process; pass "
+    "options=memfit.Options(isolated=True) to search a MODEL string"
 )
 # An in-process search with a dataset hands its largest samples, at most this many, to the
 # child process that measures.

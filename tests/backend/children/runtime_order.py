@@ -20,7 +20,8 @@ model = keras.applications.MobileNetV2(
 )
 model.compile("adam", "sparse_categorical_crossentropy")
 rank = start_trace(Workload(model), 8, "sqrt").result().node_rank
-memfit.measure(model, 8, repeats=1, recompute="sqrt")  # TensorFlow dumps the graph it runs
+# TensorFlow dumps the graph it runs
+memfit.measure(model, 8, recompute="sqrt", options=memfit.Options(repeats=1))
 dumps = glob.glob(os.path.join(os.environ["TF_DUMP_GRAPH_PREFIX"], "*after_graph_optimization*"))
 ran = graph_pb2.GraphDef()
 with open(max(dumps, key=os.path.getsize)) as dump:

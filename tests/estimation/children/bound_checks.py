@@ -16,7 +16,7 @@ from memfit.budget.budget import emulated_budget
 from memfit.workload.workload import Workload
 
 model = memfit.load_model("factories:small_cnn")
-measured = memfit.measure(model, 16, repeats=3)
+measured = memfit.measure(model, 16, options=memfit.Options(repeats=3))
 graph = tf_trace.trace_step(Workload(model), 16)
 region = emulated_budget().usable_bytes
 likely = replay(graph, region_bytes=region).peak_bytes
@@ -33,8 +33,8 @@ def topological(order):
         seen.add(i)
     return len(seen) == len(graph.ops)
 
-e = memfit.estimate(model, 16, samples=2)
-five = memfit.estimate(model, 16, samples=2, steps=5)
+e = memfit.estimate(model, 16, options=memfit.Options(samples=2))
+five = memfit.estimate(model, 16, steps=5, options=memfit.Options(samples=2))
 try:
     memfit.estimate(model, 16, steps=0)
     zero = None
@@ -43,13 +43,13 @@ except memfit.MemfitError as exc:
 from memfit.backend.tf_kernels import assume_threads
 with assume_threads(2, 512):
     other_machine = tf_trace.trace_step(Workload(model), 16)
-threaded = memfit.estimate(model, 16, samples=0, threads=(2, 512))
+threaded = memfit.estimate(model, 16, options=memfit.Options(samples=0, threads=(2, 512)))
 after = tf_trace.trace_step(Workload(model), 16)
-none = memfit.estimate(model, 16, samples=0)
+none = memfit.estimate(model, 16, options=memfit.Options(samples=0))
 # Three inter-op threads: here a sampled process peaks above the likely order (with two, since
 # grappler's node order is the runtime's, the likely order is the highest at this batch).
-raced = memfit.estimate(model, 16, samples=4, threads=(3, 2))
-raced_alone = memfit.estimate(model, 16, samples=0, threads=(3, 2))
+raced = memfit.estimate(model, 16, options=memfit.Options(samples=4, threads=(3, 2)))
+raced_alone = memfit.estimate(model, 16, options=memfit.Options(samples=0, threads=(3, 2)))
 emit({
     "raced": raced.to_dict(), "raced_alone": raced_alone.to_dict(),
     "likely": likely, "high": first.high_bytes, "samples": first.sample_bytes,

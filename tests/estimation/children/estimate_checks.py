@@ -20,7 +20,7 @@ def est(*args, **kwargs):
 
 model = memfit.load_model("factories:small_cnn")
 # Measured first, as a fresh process would: nothing but this model and its optimizer yet.
-measured = memfit.measure(model, 8, repeats=2)
+measured = memfit.measure(model, 8, options=memfit.Options(repeats=2))
 e8, used8 = est(model, 8)
 e16, _ = est(model, 16)
 e32, _ = est(model, 32)

@@ -13,5 +13,5 @@ for _ in range(2):
     x = keras.layers.Conv2D(256, 7, padding="same", groups=256)(x)
 model = keras.Model(inputs, x)
 model.compile(optimizer="sgd", loss="mse")
-measured = memfit.measure(model, 2, repeats=2)
+measured = memfit.measure(model, 2, options=memfit.Options(repeats=2))
 emit({"measured": measured.peak_bytes, "predicted": memfit.estimate(model, 2).peak_bytes})

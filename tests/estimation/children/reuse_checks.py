@@ -81,14 +81,18 @@ results["what_ifs"] = {
 
 # The optimizer what-if compiles memfit's own model again instead of building it again: the
 # row equals a fresh estimate built with that optimizer.
-built = memfit.estimate("factories:small_cnn", 8, what_ifs=True, samples=0)
+built = memfit.estimate("factories:small_cnn", 8, what_ifs=True, options=memfit.Options(samples=0))
 other = [r for r in built.what_ifs if r["change"].startswith("optimizer ")][0]
 name = other["change"].split()[1]
 results["recompiled"] = {
     "row": other.get("peak_bytes"),
-    "fresh": memfit.estimate("factories:small_cnn", 8, optimizer=name, samples=0).peak_bytes,
+    "fresh": memfit.estimate(
+        "factories:small_cnn", 8, optimizer=name, options=memfit.Options(samples=0)
+    ).peak_bytes,
     "base": built.peak_bytes,
-    "alone": memfit.estimate("factories:small_cnn", 8, samples=0).peak_bytes,
+    "alone": memfit.estimate(
+        "factories:small_cnn", 8, options=memfit.Options(samples=0)
+    ).peak_bytes,
 }
 
 # The high bound's samples replayed partly or wholly in a forked child: the same bound.

@@ -10,7 +10,7 @@ from memfit.estimation.helper import WhatIfQueue
 
 # Every what-if made in this process (no helper).
 os.environ[ENV_HELPER] = "0"
-alone = memfit.estimate("factories:small_cnn", 8, what_ifs=True, samples=0)
+alone = memfit.estimate("factories:small_cnn", 8, what_ifs=True, options=memfit.Options(samples=0))
 rows = {row["change"]: row for row in alone.what_ifs}
 
 # The same what-ifs made by the helper process only (this process takes none).
@@ -23,7 +23,7 @@ while len(queue.made) < len(variants) and time.monotonic() < deadline:
     time.sleep(0.1)
 made = queue.finish()
 # With the helper, the estimate is the same, whichever process made each row.
-helped = memfit.estimate("factories:small_cnn", 8, what_ifs=True, samples=0)
+helped = memfit.estimate("factories:small_cnn", 8, what_ifs=True, options=memfit.Options(samples=0))
 emit({
     "rows": rows, "made": made, "variants": [change for change, _ in variants],
     "helped": helped.what_ifs, "alone": alone.what_ifs,

@@ -24,12 +24,12 @@ def waited(self):
 
 tf_trace.start_trace, tf_trace.TracedStep.result = traced, waited
 model = factories.small_cnn()
-plain = memfit.estimate(model, 8, samples=2)
+plain = memfit.estimate(model, 8, options=memfit.Options(samples=2))
 plain_events, events[:] = list(events), []
-est = memfit.estimate(model, 8, what_ifs=True, samples=2)
+est = memfit.estimate(model, 8, what_ifs=True, options=memfit.Options(samples=2))
 rows = {row["change"]: row.get("peak_bytes") for row in est.what_ifs}
 what_if_events = list(events)
-fresh = memfit.estimate(model, 16, samples=0).peak_bytes
+fresh = memfit.estimate(model, 16, options=memfit.Options(samples=0)).peak_bytes
 emit({
     "plain": plain_events, "events": what_if_events, "peak": est.peak_bytes,
     "plain_peak": plain.peak_bytes, "high": est.high_bytes, "plain_high": plain.high_bytes,
