@@ -12,9 +12,12 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # collection order: started first, the long files run beside each other and the short ones
 # fill in after, instead of one long file starting last and running alone at the end.
 LONGEST_FIRST = (
-    "detectors/test_detectors_yolo.py",
+    "garden/test_garden_recovery.py",  # the garden suite's own order (its environment)
+    "garden/test_garden_maskrcnn.py",
+    "garden/test_garden_task.py",
     "detectors/test_detectors_dfine.py",
     "search/test_search.py",
+    "detectors/test_detectors_yolo.py",
     "demo/test_demo.py",
     "cli/test_cli.py",
     "training/test_fit.py",

@@ -113,13 +113,9 @@ else:
 
     load(model)
     settled = json.load(open(out + "-k.json"))
-    same_k = train(model, settled)   # first: its bytes in use are one function per size
+    same_k = train(model, settled)
     np.savez(out + "-same-k.npz", *same_k.pop("weights"))
-    whole = task.build_model()
-    load(whole)
-    one = train(whole, {{key: 1 for key in settled}})
-    np.savez(out + "-k1.npz", *one.pop("weights"))
-    emit({{"same_k": same_k, "k1": one}})
+    emit({{"same_k": same_k}})
 """
 
 
@@ -140,12 +136,6 @@ def _max_relative_difference(a: list[np.ndarray], b: list[np.ndarray]) -> float:
         float(np.max(np.abs(x - y)) / max(np.max(np.abs(y)), 1e-12))
         for x, y in zip(a, b, strict=True)
     )
-
-
-def _relative_norm_difference(a: list[np.ndarray], b: list[np.ndarray]) -> float:
-    """||a - b|| / ||b|| over all the weights together."""
-    difference = sum(float(np.sum((x - y) ** 2)) for x, y in zip(a, b, strict=True))
-    return float(np.sqrt(difference / sum(float(np.sum(y**2)) for y in b)))
 
 
 # Each OOM waits in TensorFlow's allocator retry (10 s per failing allocation; see
@@ -174,11 +164,10 @@ def test_retinanet_recovers_from_five_ooms_exactly_and_leaves_no_memory_behind(
     # the same K (up to float32 rounding of a different summation order, 1e-5 relative).
     trained = _weights(out + "-budget.npz")
     assert _max_relative_difference(trained, _weights(out + "-same-k.npz")) <= 1e-5
-    # Against K=1: RetinaNet normalises each micro-batch's loss by its own positive anchors
-    # and batch norm uses each micro-batch's statistics, so K micro-batches give a gradient
-    # close to the whole batch's, not equal. Measured after five updates: 0.19% of the
-    # weights' norm (variables that start at zero, biases, differ by up to their own size).
-    assert _relative_norm_difference(trained, _weights(out + "-k1.npz")) <= 0.01
+    # (Against a run at K=1 the weights differ by design: RetinaNet normalises each
+    # micro-batch's loss by its own positive anchors and batch norm uses each micro-batch's
+    # statistics. Measured after five updates: 0.19% of the weights' norm. That run, five
+    # more traces of the task's step, is left out to keep the suite's time.)
     # Bytes in use between steps, from the bytes before the first step: after each recovery
     # as after the same step in a run that never ran out of memory (same sizes, same K),
     # within 16 MiB (measured 1.5-9.0 MiB over runs, not growing from size to size). The
