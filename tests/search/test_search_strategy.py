@@ -266,3 +266,49 @@ def test_largest_fitting_closes_on_the_largest_size_that_fits_predicted_peaks():
     assert largest_fitting(peak_at, {32: peak_at(32)}, 100) == (None, None)
     assert largest_fitting(peak_at, {32: peak_at(32)}, 20_000, cap=100)[0] == 100
     assert largest_fitting(lambda s: 100 + 10 * s, {1: 110, 4: 140}, 500) == (40, 500)
+
+
+class _LinearRunner:
+    """A `TrialRunner` stand-in: 600 bytes resident, 10 a sample, 1000 usable.
+
+    `child=True` reads the resident bytes itself before the search sees the measurement, as
+    `TrialRunner` does from a child's resident mark; `child=False` leaves them to the search,
+    as the in-process path does.
+    """
+
+    dataset_size = None
+    worst_case = False
+    largest_sample = None
+    samples_read = None
+
+    def __init__(self, child: bool) -> None:
+        self.in_child = child
+        self.resident_bytes: int | None = None
+
+    def measure(self, size: int, repeats: int = 1, soak: bool = False):
+        from memfit.measuring.measurement import Measurement
+
+        if self.in_child:
+            self.resident_bytes = 600
+        peak = 600 + 10 * size
+        oom = peak > 1000
+        m = Measurement(size, "CPU:0", oom, None if oom else peak, 600, None if oom else 0.1)
+        return m, False, False
+
+    def expect_oom(self) -> None:
+        pass
+
+    def fresh_process(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("child", [True, False], ids=["child", "in_process"])
+def test_the_search_keeps_the_margin_on_the_steps_bytes_in_a_child_as_in_process(child):
+    from memfit.budget.budget import Budget
+    from memfit.search.finder import _search
+
+    budget = Budget(usable_bytes=1000, name="test", source="test")
+    result = _search(_LinearRunner(child), budget, None, 0.05, 0, None)
+    # 600 + 10 b + 0.05 * 10 b <= 1000 -> b <= 38.1: 38 (on the whole budget: 35).
+    assert result.limit_bytes == limit_bytes(1000, 0.05, resident_bytes=600)
+    assert result.batch_size == 38

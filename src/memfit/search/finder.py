@@ -236,14 +236,19 @@ def _search(
         decided_in="child_process" if run.in_child else "this_process",
     )
     peaks: dict[int, int] = {}  # sizes that fit -> measured peak
+    on_step = False  # whether the limit keeps the margin on the step's bytes yet
 
     def trial(size: int, predicted: int | None, soak: int = 0) -> bool:
-        nonlocal limit
+        nonlocal limit, on_step
         start = time.perf_counter()
         m, fresh, warmed_up = run.measure(size, repeats=soak or 1, soak=bool(soak))
-        if run.resident_bytes is None and m.resident_bytes is not None:
+        # The runner may have read the resident bytes already (a child's resident mark);
+        # else the measurement's.
+        if run.resident_bytes is None:
             run.resident_bytes = m.resident_bytes
-            limit = limit_bytes(budget.usable_bytes, margin, m.resident_bytes)
+        if not on_step and run.resident_bytes is not None:
+            on_step = True
+            limit = limit_bytes(budget.usable_bytes, margin, run.resident_bytes)
             result.limit_bytes = limit
         ok = not m.oom and m.peak_bytes is not None and m.peak_bytes <= limit
         seconds = time.perf_counter() - start
