@@ -13,7 +13,7 @@ from memfit.backend.tf_import import import_tf
 from memfit.errors import MeasurementError
 
 # Environment variables TensorFlow reads when it creates its CPU allocator (first op) or
-# loads its kernels (import). See DESIGN.md, "Facts we build on".
+# loads its kernels (import); how memfit uses them: docs/design/allocator.md.
 ENV_CPU_BFC = "TF_CPU_ALLOCATOR_USE_BFC"
 ENV_CPU_BFC_LIMIT_MB = "TF_CPU_BFC_MEM_LIMIT_IN_MB"
 ENV_ONEDNN = "TF_ENABLE_ONEDNN_OPTS"
