@@ -9,6 +9,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+
 class Bomb(keras.layers.Layer):
     # Armed, it allocates far more than the budget once, after BatchNorm's forward ran.
     def __init__(self, **kw):
