@@ -43,35 +43,20 @@ def test_emulate_after_import_but_before_init_still_caps():
     assert result == "oom"
 
 
-_REGIONS = """
-import memfit
-memfit.emulate("256MiB", memory_growth={growth})
-import tensorflow as tf
-tf.config.threading.set_inter_op_parallelism_threads(1)   # still allowed: not initialised
-MIB = 1024 * 1024
-first = tf.raw_ops.Empty(shape=[100, MIB], dtype=tf.uint8, init=False)
-del first                                     # 100 MiB freed
-try:
-    second = tf.raw_ops.Empty(shape=[200, MIB], dtype=tf.uint8, init=False)
-    outcome = "allocated"
-except tf.errors.ResourceExhaustedError:
-    outcome = "oom"
-import os
-emit({{"outcome": outcome, "growth": os.environ["MEMFIT_MEMORY_GROWTH"]}})
-"""
+_REGIONS = CHILDREN / "regions.py"
 
 
 def test_emulated_card_is_one_region_like_a_gpu_without_memory_growth():
     # 100 MiB then, once freed, 200 MiB under 256 MiB: one region serves both, as a GPU
     # with memory growth off does.
-    result = run_isolated(_REGIONS.format(growth=False))
+    result = run_isolated(_REGIONS, args={"growth": False})
     assert result == {"outcome": "allocated", "growth": "0"}
 
 
 def test_memory_growth_emulates_regions_that_never_merge():
     # With growth the first request made a 128 MiB region; the second needs 200 MiB and only
     # 126 MiB are left to grow into: a real OOM, as on a GPU with set_memory_growth(True).
-    result = run_isolated(_REGIONS.format(growth=True))
+    result = run_isolated(_REGIONS, args={"growth": True})
     assert result == {"outcome": "oom", "growth": "1"}
 
 
