@@ -1,4 +1,6 @@
-"""Child of test_backup.py::test_bad_backup_input_is_one_clear_error."""
+"""Child of test_backup.py::test_bad_backup_input_is_one_clear_error; its backup directories
+go under `tmp`.
+"""
 
 from child import arguments, emit
 

@@ -1,4 +1,6 @@
-"""Child of test_fit.py::test_seed_scenario_plain_fit_dies_memfit_fit_recovers."""
+"""Child of test_fit.py::test_seed_scenario_plain_fit_dies_memfit_fit_recovers; with `mode`
+"plain" Keras' own fit runs first.
+"""
 
 from child import arguments, emit
 
