@@ -16,15 +16,19 @@ TESTS = Path(__file__).resolve().parent
 
 
 def run_isolated(
-    code: str | Path, env: dict[str, str] | None = None, timeout: int = 600
+    code: str | Path,
+    env: dict[str, str] | None = None,
+    timeout: int = 600,
+    args: dict[str, Any] | None = None,
 ) -> Any:
     """Run `code` in a child Python process and return what it passed to `emit(...)`.
 
     `code` is a child script's path (a file that imports `emit` from `tests/child.py`, so
     ruff checks it), or Python source, which gets a function `emit(obj)` of its own. Either
-    sends one JSON-serialisable result back. Budgets go in through `env` (e.g.
-    {"MEMFIT_MEMORY": "384MiB"}) so they are applied before TensorFlow initialises. A child
-    that fails raises AssertionError with its stderr.
+    sends one JSON-serialisable result back. A script's parameters go in as `args`, a
+    JSON-serialisable dict it reads with `child.arguments()`. Budgets go in through `env`
+    (e.g. {"MEMFIT_MEMORY": "384MiB"}) so they are applied before TensorFlow initialises. A
+    child that fails raises AssertionError with its stderr.
     """
     prelude = textwrap.dedent(
         f"""
@@ -40,7 +44,11 @@ def run_isolated(
         path = child_env.get("PYTHONPATH", "")
         child_env["PYTHONPATH"] = os.pathsep.join([str(TESTS), *([path] if path else [])])
         command = [sys.executable, str(code)]
+        if args is not None:
+            command.append(json.dumps(args))
     else:
+        if args is not None:
+            raise TypeError("run_isolated: args are for a child script's path, not source")
         command = [sys.executable, "-c", prelude + textwrap.dedent(code)]
     proc = subprocess.run(
         command,

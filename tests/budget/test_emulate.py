@@ -1,25 +1,14 @@
 """Emulated budgets give real ResourceExhaustedErrors; each case runs in its own process."""
 
+from pathlib import Path
+
 from helpers import run_isolated
+
+CHILDREN = Path(__file__).resolve().parent / "children"
 
 
 def test_emulate_caps_cpu_memory_with_a_real_oom():
-    result = run_isolated(
-        """
-        import memfit
-        budget = memfit.emulate("64MiB")
-        import tensorflow as tf
-        small = tf.zeros((4 * 1024 * 1024,))          # 16 MiB: fits
-        try:
-            big = tf.zeros((32 * 1024 * 1024,))       # 128 MiB: over the budget
-            outcome = "allocated"
-        except tf.errors.ResourceExhaustedError:
-            outcome = "oom"
-        more = tf.zeros((4 * 1024 * 1024,))           # the process goes on after the OOM
-        emit({"outcome": outcome, "bytes": budget.usable_bytes, "source": budget.source,
-              "peak": tf.config.experimental.get_memory_info("CPU:0")["peak"]})
-        """
-    )
+    result = run_isolated(CHILDREN / "cpu_oom.py")
     assert result["outcome"] == "oom"
     assert result["bytes"] == 64 * 2**20
     assert result["source"] == "emulated"
@@ -27,16 +16,7 @@ def test_emulate_caps_cpu_memory_with_a_real_oom():
 
 
 def test_emulate_a_named_card():
-    result = run_isolated(
-        """
-        import memfit
-        budget = memfit.emulate(device="T4")
-        import os
-        emit({"bytes": budget.usable_bytes, "name": budget.name,
-              "limit_mb": os.environ["TF_CPU_BFC_MEM_LIMIT_IN_MB"],
-              "onednn": os.environ["TF_ENABLE_ONEDNN_OPTS"]})
-        """
-    )
+    result = run_isolated(CHILDREN / "named_card.py")
     assert result["name"] == "T4"
     assert result["bytes"] == 13949 * 2**20
     assert result["limit_mb"] == "13949"
@@ -45,87 +25,38 @@ def test_emulate_a_named_card():
 
 def test_environment_variable_emulates_on_import():
     result = run_isolated(
-        """
-        import memfit
-        import tensorflow as tf
-        try:
-            tf.zeros((64 * 1024 * 1024,))             # 256 MiB
-            outcome = "allocated"
-        except tf.errors.ResourceExhaustedError:
-            outcome = "oom"
-        emit({"outcome": outcome, "budget": memfit.Budget.from_device().usable_bytes})
-        """,
+        CHILDREN / "env_budget.py",
         env={"MEMFIT_MEMORY": "100MiB"},
     )
     assert result == {"outcome": "oom", "budget": 100 * 2**20}
 
 
 def test_emulate_after_tensorflow_initialised_says_so():
-    result = run_isolated(
-        """
-        import tensorflow as tf
-        tf.zeros((3,))                                # initialises the runtime
-        import memfit
-        try:
-            memfit.emulate("1GiB")
-            emit({"raised": None})
-        except memfit.EmulationError as exc:
-            emit({"raised": str(exc)})
-        """
-    )
+    result = run_isolated(CHILDREN / "too_late.py")
     assert result["raised"] is not None
     assert "already initialised" in result["raised"]
     assert "MEMFIT_MEMORY=1GiB" in result["raised"]
 
 
 def test_emulate_after_import_but_before_init_still_caps():
-    result = run_isolated(
-        """
-        import os
-        os.environ["TF_ENABLE_ONEDNN_OPTS"] = "0"
-        import tensorflow as tf
-        tf.config.list_physical_devices()             # does not initialise the runtime
-        import memfit
-        memfit.emulate("32MiB")
-        try:
-            tf.zeros((16 * 1024 * 1024,))             # 64 MiB
-            emit("allocated")
-        except tf.errors.ResourceExhaustedError:
-            emit("oom")
-        """
-    )
+    result = run_isolated(CHILDREN / "before_init.py")
     assert result == "oom"
 
 
-_REGIONS = """
-import memfit
-memfit.emulate("256MiB", memory_growth={growth})
-import tensorflow as tf
-tf.config.threading.set_inter_op_parallelism_threads(1)   # still allowed: not initialised
-MIB = 1024 * 1024
-first = tf.raw_ops.Empty(shape=[100, MIB], dtype=tf.uint8, init=False)
-del first                                     # 100 MiB freed
-try:
-    second = tf.raw_ops.Empty(shape=[200, MIB], dtype=tf.uint8, init=False)
-    outcome = "allocated"
-except tf.errors.ResourceExhaustedError:
-    outcome = "oom"
-import os
-emit({{"outcome": outcome, "growth": os.environ["MEMFIT_MEMORY_GROWTH"]}})
-"""
+_REGIONS = CHILDREN / "regions.py"
 
 
 def test_emulated_card_is_one_region_like_a_gpu_without_memory_growth():
     # 100 MiB then, once freed, 200 MiB under 256 MiB: one region serves both, as a GPU
     # with memory growth off does.
-    result = run_isolated(_REGIONS.format(growth=False))
+    result = run_isolated(_REGIONS, args={"growth": False})
     assert result == {"outcome": "allocated", "growth": "0"}
 
 
 def test_memory_growth_emulates_regions_that_never_merge():
     # With growth the first request made a 128 MiB region; the second needs 200 MiB and only
     # 126 MiB are left to grow into: a real OOM, as on a GPU with set_memory_growth(True).
-    result = run_isolated(_REGIONS.format(growth=True))
+    result = run_isolated(_REGIONS, args={"growth": True})
     assert result == {"outcome": "oom", "growth": "1"}
 
 
@@ -157,22 +88,7 @@ def test_a_child_process_that_inherits_the_emulation_sets_up_its_own_region():
     # variables for an emulation already applied (that child's allocator grew in regions, and
     # a size confirmed by memfit ran out of memory there).
     result = run_isolated(
-        """
-        import subprocess, sys
-        import memfit                                 # emulates MEMFIT_MEMORY, sets variables
-        child = "\\n".join([
-            "import memfit, tensorflow as tf",
-            "first = tf.raw_ops.Empty(shape=[100, 1 << 20], dtype=tf.uint8, init=False)",
-            "del first",
-            "try:",
-            "    second = tf.raw_ops.Empty(shape=[200, 1 << 20], dtype=tf.uint8, init=False)",
-            "    print('allocated')",
-            "except tf.errors.ResourceExhaustedError:",
-            "    print('oom')",
-        ])
-        proc = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True)
-        emit(proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else proc.stderr[-500:])
-        """,
+        CHILDREN / "inherited.py",
         env={"MEMFIT_MEMORY": "256MiB"},
     )
     assert result == "allocated"

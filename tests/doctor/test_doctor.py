@@ -1,25 +1,14 @@
 """`memfit.doctor()`: facts and findings, and it never initialises TensorFlow."""
 
+from pathlib import Path
+
 from helpers import run_isolated
+
+CHILDREN = Path(__file__).resolve().parent / "children"
 
 
 def test_doctor_reports_cpu_and_leaves_tensorflow_uninitialised():
-    out = run_isolated(
-        """
-        import memfit
-        from memfit.backend import tf as tfb
-        report = memfit.doctor()
-        data = report.to_dict()
-        data["initialised_after"] = tfb.is_initialized()
-        # Settings that must precede initialisation still work after doctor().
-        import tensorflow as tf
-        tf.config.set_logical_device_configuration(
-            tf.config.list_physical_devices("CPU")[0],
-            [tf.config.LogicalDeviceConfiguration(), tf.config.LogicalDeviceConfiguration()])
-        data["logical_cpus"] = len(tf.config.list_logical_devices("CPU"))
-        emit(data)
-        """
-    )
+    out = run_isolated(CHILDREN / "uninitialised.py")
     assert out["initialised_after"] is False
     assert out["logical_cpus"] == 2
     cpu = next(d for d in out["devices"] if d["name"] == "CPU:0")
@@ -31,18 +20,7 @@ def test_doctor_reports_cpu_and_leaves_tensorflow_uninitialised():
 
 
 def test_doctor_flags_an_emulation_that_came_too_late():
-    out = run_isolated(
-        """
-        import os
-        import tensorflow as tf
-        tf.zeros((1,))
-        # The emulation variables say 1 GiB, but the allocator was created without a cap.
-        os.environ["MEMFIT_EMULATED_BYTES"] = str(2**30)
-        os.environ["TF_ENABLE_ONEDNN_OPTS"] = "0"
-        import memfit
-        emit(memfit.doctor().to_dict())
-        """
-    )
+    out = run_isolated(CHILDREN / "too_late.py")
     assert out["ok"] is False
     problem = next(f for f in out["findings"] if f["level"] == "problem")
     assert problem["topic"] == "emulation" and "memfit.emulate()" in problem["fix"]
@@ -68,34 +46,13 @@ def test_a_card_larger_than_the_host_is_one_warning_line():
 
 
 def test_emulate_warns_in_python_when_the_card_is_larger_than_the_host():
-    out = run_isolated(
-        """
-        import warnings
-        import memfit
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            memfit.emulate("999999999TiB")
-        emit([str(w.message) for w in caught])
-        """
-    )
+    out = run_isolated(CHILDREN / "larger_than_host.py")
     assert len(out) == 1 and "of RAM" in out[0], out
 
 
 def test_doctor_reports_keras_2_absent_and_a_legacy_switch_without_it():
     # tf_keras is not installed in this environment (tests/garden/test_tf_keras_doctor.py has it).
-    out = run_isolated(
-        """
-        import os, sys
-        import memfit
-        from memfit.backend import tf as tfb
-        os.environ.pop("TF_USE_LEGACY_KERAS", None)
-        plain = memfit.doctor().to_dict()
-        os.environ["TF_USE_LEGACY_KERAS"] = "1"
-        switched = memfit.doctor().to_dict()
-        emit({"plain": plain, "switched": switched, "initialised": tfb.is_initialized(),
-              "imported": "tf_keras" in sys.modules})
-        """
-    )
+    out = run_isolated(CHILDREN / "legacy_keras.py")
     assert out["initialised"] is False and out["imported"] is False
     plain, switched = out["plain"], out["switched"]
     assert plain["legacy_keras"] == {

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 from helpers import run_cli, run_isolated
 
@@ -20,6 +21,8 @@ from memfit.measuring.explain import (
     explain_live_set,
     live_at_peak,
 )
+
+CHILDREN = Path(__file__).resolve().parent / "children"
 
 TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = {"PYTHONPATH": TESTS}
@@ -210,12 +213,7 @@ def test_top_layers_are_compared_with_the_estimate() -> None:
 def test_measure_explain_lists_the_measured_peak() -> None:
     """A real step under a 600 MiB CPU budget: the live set adds up to the measured peak."""
     result = run_isolated(
-        """
-        import memfit, factories
-        model = factories.small_cnn()
-        m = memfit.measure(model, 16, repeats=2, explain=True)
-        emit({"peak": m.peak_bytes, "explanation": m.to_dict()["explanation"]})
-        """,
+        CHILDREN / "explain_peak.py",
         env={**ENV, "MEMFIT_MEMORY": "600MiB"},
     )
     e = result["explanation"]

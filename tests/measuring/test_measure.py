@@ -57,36 +57,7 @@ def test_mobilenetv2_peaks_oom_and_restoration():
 
 def test_measure_restores_rng_batchnorm_and_metrics_state():
     out = run_isolated(
-        """
-        import numpy as np, memfit, keras
-        inputs = keras.Input((32, 32, 3))
-        x = keras.layers.Conv2D(8, 3)(inputs)
-        x = keras.layers.BatchNormalization()(x)
-        x = keras.layers.Dropout(0.5)(x)
-        x = keras.layers.GlobalAveragePooling2D()(x)
-        outputs = keras.layers.Dense(10, activation="softmax")(x)
-        model = keras.Model(inputs, outputs)
-        model.compile("sgd", "sparse_categorical_crossentropy", metrics=["accuracy"])
-        state = lambda: [np.array(v.numpy()) for v in model.variables]
-        before = state()
-        r = memfit.measure(model, 8, repeats=2)
-        after = state()
-        # Reading a weight after the restore must not copy it: a sparse restore
-        # (scatter_update) would leave every variable copy-on-read for good.
-        from memfit.backend import tf as tfb
-        big = keras.Sequential([keras.Input((8,)), keras.layers.Dense(2048),
-                                keras.layers.Dense(2048)])
-        big.compile("sgd", "mse")
-        memfit.measure(big, 2, repeats=1)
-        kernel = big.layers[1].kernel.value
-        held = tfb.memory_info("CPU:0")["current"]
-        tfb.reset_peak("CPU:0")
-        read = kernel.read_value()
-        copied = tfb.memory_info("CPU:0")["peak"] - held
-        emit({"same": all(np.array_equal(a, b) for a, b in zip(before, after)),
-              "n": len(before), "oom": r.oom, "peak": r.peak_bytes, "copied": copied,
-              "kernel_bytes": int(read.shape[0] * read.shape[1] * 4)})
-        """,
+        CHILDREN / "restores_state.py",
         env={"MEMFIT_MEMORY": "256MiB"},
     )
     assert out["same"] and out["n"] > 6
@@ -96,14 +67,7 @@ def test_measure_restores_rng_batchnorm_and_metrics_state():
 
 def test_measure_from_a_dataset_of_samples():
     out = run_isolated(
-        """
-        import memfit, keras, tensorflow as tf
-        model = keras.Sequential([keras.Input((16,)), keras.layers.Dense(4)])
-        model.compile("adam", "mse")
-        ds = tf.data.Dataset.from_tensor_slices((tf.ones((5, 16)), tf.zeros((5, 4))))
-        r = memfit.measure(model, 12, data=ds, repeats=1)
-        emit({"shapes": r.input_shapes, "oom": r.oom})
-        """,
+        CHILDREN / "dataset_of_samples.py",
         env={"MEMFIT_MEMORY": "128MiB"},
     )
     assert out == {"shapes": [[16]], "oom": False}
@@ -113,39 +77,14 @@ def test_a_trace_that_has_run_is_measured_from_its_first_step():
     # The search's later trials skip the warm-up (`warm_up=False`): the steps run are the
     # measured ones, each counted, and the updates stay when `restore=False`.
     out = run_isolated(
-        """
-        import memfit, keras, tensorflow as tf
-        from memfit.measuring.measurer import measure_workload
-        from memfit.workload.workload import Workload
-        model = keras.Sequential([keras.Input((16,)), keras.layers.Dense(4)])
-        model.compile("adam", "mse")
-        work = Workload(model)
-        runs = []
-        for warm_up in (True, False):
-            before = int(model.optimizer.iterations.numpy())
-            m = measure_workload(work, 8, repeats=2, device="CPU:0", budget=None, exact=False,
-                                 restore=False, warm_up=warm_up)
-            runs.append([int(model.optimizer.iterations.numpy()) - before, len(m.peaks_bytes)])
-        emit(runs)
-        """,
+        CHILDREN / "no_warm_up.py",
         env={"MEMFIT_MEMORY": "128MiB"},
     )
     assert out == [[3, 2], [2, 2]]
 
 
 def test_isolated_measurement_of_a_model_object_and_spec():
-    out = run_isolated(
-        """
-        import memfit, keras
-        model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(256),
-                                  keras.layers.Dense(10, activation="softmax")])
-        model.compile("adam", "sparse_categorical_crossentropy")
-        r1 = memfit.measure(model, 16, isolated=True, budget="128MiB", repeats=1)
-        r2 = memfit.measure("keras.applications.MobileNetV2", 64, isolated=True,
-                            budget="96MiB", input_shape=(64, 64, 3), repeats=1)
-        emit({"r1": r1.to_dict(), "r2": r2.to_dict()})
-        """
-    )
+    out = run_isolated(CHILDREN / "isolated.py")
     assert out["r1"]["oom"] is False
     assert out["r1"]["budget"]["usable_bytes"] == 128 * 2**20
     assert out["r1"]["peak_bytes"] > 0
@@ -156,21 +95,7 @@ def test_isolated_measurement_of_a_model_object_and_spec():
 
 def test_measure_refuses_bad_arguments():
     out = run_isolated(
-        """
-        import memfit, keras
-        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
-        messages = []
-        for bad in (0, -3, 2.5, "8"):
-            try:
-                memfit.measure(model, bad)
-            except memfit.MemfitError as exc:
-                messages.append(str(exc))
-        try:
-            memfit.measure("not a model object", 4)
-        except memfit.MemfitError as exc:
-            messages.append(str(exc))
-        emit(messages)
-        """,
+        CHILDREN / "bad_arguments.py",
         env={"MEMFIT_MEMORY": "64MiB"},
     )
     assert len(out) == 5
@@ -179,31 +104,13 @@ def test_measure_refuses_bad_arguments():
 
 
 def test_measure_without_memory_statistics_explains_the_fix():
-    out = run_isolated(
-        """
-        import tensorflow as tf, keras, memfit
-        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
-        model.compile("adam", "mse")
-        try:
-            memfit.measure(model, 2)
-            emit(None)
-        except memfit.MeasurementError as exc:
-            emit(str(exc))
-        """
-    )
+    out = run_isolated(CHILDREN / "no_statistics.py")
     assert out is not None and "isolated=True" in out and "memfit.emulate" in out
 
 
 def test_a_batch_whose_inputs_alone_do_not_fit_is_an_oom():
     out = run_isolated(
-        """
-        import memfit, keras
-        model = keras.Sequential([keras.Input((1024, 1024)), keras.layers.Dense(1)])
-        model.compile("sgd", "mse")
-        r = memfit.measure(model, 64, repeats=1)      # inputs alone: 256 MiB
-        ok = memfit.measure(model, 1, repeats=1)      # and the process goes on
-        emit({"oom": r.oom, "message": r.oom_message, "leak": r.leaked_bytes, "ok": ok.oom})
-        """,
+        CHILDREN / "batch_too_big.py",
         env={"MEMFIT_MEMORY": "64MiB"},
     )
     assert out["oom"] is True and out["message"].startswith("the batch itself")

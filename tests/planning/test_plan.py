@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import pytest
 from helpers import run_cli, run_isolated
+
+CHILDREN = Path(__file__).resolve().parent / "children"
 
 TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -14,15 +17,7 @@ TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 @pytest.mark.slow
 def test_plan_splits_a_batch_that_does_not_fit_and_fit_follows_it() -> None:
     result = run_isolated(
-        """
-import memfit, numpy as np
-p = memfit.plan("factories:small_cnn", 64, budget="150MiB", precisions=["float32"],
-                remat_modes=[None])
-m = memfit.load_model("factories:small_cnn")
-x = np.zeros((64, 64, 64, 3), "float32"); y = np.zeros((64,), "int64")
-h = memfit.fit(m, x, y, batch_size=64, epochs=1, verbose=0, plan=p)
-emit({"plan": p.to_dict(), "summary": p.summary(), "fit": h.memfit.to_dict()})
-""",
+        CHILDREN / "plan_and_fit.py",
         env={"PYTHONPATH": TESTS, "MEMFIT_MEMORY": "150MiB"},
     )
     plan = result["plan"]

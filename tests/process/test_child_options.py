@@ -12,6 +12,7 @@ import inspect
 import json
 import os
 import subprocess
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -25,6 +26,7 @@ from memfit.process.runner import entry_name
 from memfit.training.child import confirm_plan
 from memfit.workload.spec import WorkloadSpec
 
+CHILDREN = Path(__file__).resolve().parent / "children"
 TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = {"PYTHONPATH": TESTS}
 # MobileNet (v1): a built-in that builds and traces in about 6 s less CPU a process than
@@ -165,7 +167,7 @@ def test_search_and_plan_hand_their_children_every_option(sent: list[Any]) -> No
 @pytest.fixture(scope="module")
 def lambda_file(tmp_path_factory: pytest.TempPathFactory) -> str:
     path = str(tmp_path_factory.mktemp("unsafe") / "lambda.keras")
-    run_isolated(f"import option_models\noption_models.save_lambda_model({path!r})\nemit(1)", ENV)
+    run_isolated(CHILDREN / "save_lambda_model.py", ENV, args={"path": path})
     return path
 
 

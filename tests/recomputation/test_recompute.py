@@ -4,6 +4,7 @@ BatchNorm once, keep dropout masks, and say clearly where they cannot apply."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -12,6 +13,8 @@ from helpers import run_isolated
 
 import memfit
 from memfit.errors import RecomputeError
+
+CHILDREN = Path(__file__).resolve().parent / "children"
 
 
 def _block_model(dropout: float = 0.3, batchnorm: bool = True) -> Any:
@@ -254,23 +257,7 @@ def test_fit_trains_with_recompute_like_without() -> None:
 def test_measure_with_recompute_lowers_the_peak() -> None:
     """Measured under an emulated budget: memfit's recompute keeps less for backward."""
     result = run_isolated(
-        """
-        import memfit
-        import keras
-        keras.utils.set_random_seed(0)
-        inputs = keras.Input((64, 64, 3))
-        h = keras.layers.Conv2D(32, 3, padding="same", activation="relu")(inputs)
-        for i in range(8):
-            s = keras.layers.Conv2D(32, 3, padding="same", activation="relu")(h)
-            s = keras.layers.Conv2D(32, 3, padding="same")(s)
-            h = keras.layers.Add()([h, s])
-        h = keras.layers.GlobalAveragePooling2D()(h)
-        model = keras.Model(inputs, keras.layers.Dense(10, activation="softmax")(h))
-        model.compile("sgd", "sparse_categorical_crossentropy")
-        plain = memfit.measure(model, 16, repeats=2)
-        segmented = memfit.measure(model, 16, repeats=2, recompute="sqrt")
-        emit([plain.step_bytes, segmented.step_bytes, "call" in model.__dict__])
-        """,
+        CHILDREN / "recompute_peak.py",
         env={"MEMFIT_MEMORY": "2GiB", "TF_NUM_INTRAOP_THREADS": "1"},
         timeout=300,
     )

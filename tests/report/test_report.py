@@ -21,31 +21,17 @@ import numpy as np
 import pytest
 from helpers import run_cli, run_isolated
 
+CHILDREN = Path(__file__).resolve().parent / "children"
+
 XSS = "<script>window.__pwned=1;document.title='PWNED'</script>"
 
-RUN = r"""
-import os
-import memfit  # first: applies MEMFIT_MEMORY before TensorFlow is imported
-import numpy as np, keras
-rng = np.random.default_rng(0)
-x = rng.random((320, 32, 32, 3), dtype=np.float32)
-y = rng.integers(0, 10, 320)
-keras.utils.set_random_seed(1)
-m = keras.Sequential([keras.Input((32, 32, 3)), keras.layers.Conv2D(16, 3, activation="relu"),
-                      keras.layers.GlobalAveragePooling2D(), keras.layers.Dense(10)])
-m.compile(keras.optimizers.Adam(10.0),
-          keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-w = memfit.Watch(log_path={log!r}, name={name!r}, estimate=40 * 2**20, verbose=False,
-                 config={{"remat": "none"}})
-m.fit(x, y, batch_size=16, epochs=2, verbose=0, callbacks=[w])
-emit([f.kind for f in w.findings])
-"""
+RUN = CHILDREN / "watched_run.py"
 
 
 @pytest.fixture(scope="module")
 def run_log(tmp_path_factory: pytest.TempPathFactory) -> str:
     log = str(tmp_path_factory.mktemp("report") / "run.jsonl")
-    kinds = run_isolated(RUN.format(log=log, name=XSS), env={"MEMFIT_MEMORY": "512MiB"})
+    kinds = run_isolated(RUN, env={"MEMFIT_MEMORY": "512MiB"}, args={"log": log, "name": XSS})
     assert "divergence" in kinds
     return log
 
@@ -253,28 +239,13 @@ def test_bad_logs_are_one_clear_error_without_traceback(run_log: str, tmp_path) 
     assert unwritable.returncode == 2 and "does not exist" in unwritable.stderr
 
 
-TWO_FITS = r"""
-import memfit  # first: applies MEMFIT_MEMORY before TensorFlow is imported
-import numpy as np, keras
-rng = np.random.default_rng(0)
-x = rng.random((320, 32, 32, 3), dtype=np.float32)
-y = (x[:, :8, :8, 0].mean(axis=(1, 2)) * 10).astype("int64").clip(0, 9)
-keras.utils.set_random_seed(1)
-m = keras.Sequential([keras.Input((32, 32, 3)), keras.layers.Conv2D(16, 3, activation="relu"),
-                      keras.layers.GlobalAveragePooling2D(), keras.layers.Dense(10)])
-m.compile(keras.optimizers.Adam(1e-3),
-          keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-w = memfit.Watch(log_path={log!r}, name="two-fits", verbose=False)
-m.fit(x, y, batch_size=16, epochs=1, verbose=0, callbacks=[w])
-m.fit(x[:160], y[:160], batch_size=8, epochs=1, verbose=0, callbacks=[w])
-emit({{"runs": w.runs, "steps": len(w.steps)}})
-"""
+TWO_FITS = CHILDREN / "two_fits.py"
 
 
 @pytest.fixture(scope="module")
 def two_fit_log(tmp_path_factory: pytest.TempPathFactory) -> str:
     log = str(tmp_path_factory.mktemp("report2") / "two.jsonl")
-    out = run_isolated(TWO_FITS.format(log=log), env={"MEMFIT_MEMORY": "512MiB"})
+    out = run_isolated(TWO_FITS, env={"MEMFIT_MEMORY": "512MiB"}, args={"log": log})
     assert out == {"runs": 2, "steps": 20}
     return log
 

@@ -18,6 +18,8 @@ from helpers import run_isolated
 from memfit.training.checkpoint import BACKUP_FILE, read_checkpoint
 from memfit.training.preemption import PREEMPTED_EXIT_CODE
 
+CHILDREN = Path(__file__).resolve().parent / "children"
+
 TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # A child that trains factories.small_cnn for 3 epochs of 6 batches with backup_dir. At update
@@ -180,72 +182,24 @@ def test_kill_9_mid_write_then_sigterm_mid_epoch_then_resume_equals_uninterrupte
 
 # factories.detector_cnn on factories.box_dataset: two shards, the second at twice the
 # resolution, where under 128 MiB it needs K > 1 (test_fit).
-SHARDS = """
-import sys
-sys.path.insert(0, {tests!r})
-import memfit
-from factories import box_dataset, detector_cnn
-model = detector_cnn()
-history = memfit.fit(model, box_dataset(), epochs={epochs}, verbose=0,
-                     backup_dir={backup!r}, keep_backup=True)
-emit(dict(summary=history.memfit.to_dict(), iterations=int(model.optimizer.iterations)))
-"""
+SHARDS = CHILDREN / "shards_backup.py"
 
 
 @pytest.mark.slow
 def test_resume_keeps_k_per_input_shape_without_a_new_recovery(tmp_path: Path) -> None:
     budget = {"MEMFIT_MEMORY": "128MiB"}
     backup = str(tmp_path / "backup")
-    first = run_isolated(SHARDS.format(tests=TESTS, epochs=1, backup=backup), env=budget)
+    first = run_isolated(SHARDS, env=budget, args={"epochs": 1, "backup": backup})
     big = "16x128x128x3|16x4"
     assert first["summary"]["recoveries"] and first["summary"]["micro_batches"][big] > 1
-    second = run_isolated(SHARDS.format(tests=TESTS, epochs=2, backup=backup), env=budget)
+    second = run_isolated(SHARDS, env=budget, args={"epochs": 2, "backup": backup})
     assert second["iterations"] == 8  # resumed at epoch 2: 4 updates more
     assert second["summary"]["recoveries"] == []
     assert second["summary"]["micro_batches"][big] == first["summary"]["micro_batches"][big]
 
 
 def test_bad_backup_input_is_one_clear_error(tmp_path: Path) -> None:
-    result = run_isolated(
-        f"""
-import os, sys
-sys.path.insert(0, {TESTS!r})
-import memfit, keras, numpy as np, tensorflow as tf
-import factories
-from memfit.training.checkpoint import BACKUP_FILE
-tmp = {str(tmp_path)!r}
-x = np.zeros((16, 64, 64, 3), "float32"); y = np.zeros(16, "int64")
-model = factories.small_cnn()
-errors = {{}}
-def attempt(name, *args, **kwargs):
-    try:
-        memfit.fit(*args, verbose=0, **kwargs)
-        errors[name] = None
-    except memfit.MemfitError as e:
-        errors[name] = str(e)
-open(os.path.join(tmp, "afile"), "w").close()
-attempt("file", model, x, y, batch_size=8, backup_dir=os.path.join(tmp, "afile"))
-attempt("save_freq", model, x, y, batch_size=8, backup_dir=tmp + "/b", save_freq=0)
-attempt("steps", model, x, y, batch_size=8, backup_dir=tmp + "/b", steps_per_epoch=1)
-ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(8)
-attempt("infinite", model, ds.repeat(), backup_dir=tmp + "/b")
-# A checkpoint of small_cnn, then another model on the same backup_dir.
-import signal
-from memfit.training.checkpoint import read_checkpoint
-memfit.fit(model, x, y, batch_size=8, backup_dir=tmp + "/b", keep_backup=True, verbose=0)
-errors["handler_after"] = signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
-errors["kept"] = read_checkpoint(tmp + "/b").reason
-path = os.path.join(tmp, "b", BACKUP_FILE)
-before = open(path, "rb").read()
-other = keras.Sequential([keras.Input((64, 64, 3)), keras.layers.Flatten(), keras.layers.Dense(3)])
-other.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
-attempt("other_model", other, x, y % 3, batch_size=8, backup_dir=tmp + "/b")
-errors["untouched"] = open(path, "rb").read() == before
-open(path, "wb").write(b"not a checkpoint")
-attempt("damaged", model, x, y, batch_size=8, backup_dir=tmp + "/b")
-emit(errors)
-"""
-    )
+    result = run_isolated(CHILDREN / "bad_backup.py", args={"tmp": str(tmp_path)})
     assert "is a file, not a directory" in result["file"]
     assert "save_freq must be 'epoch' or a whole number" in result["save_freq"]
     assert "leave steps_per_epoch out" in result["steps"]

@@ -2,27 +2,16 @@
 
 from __future__ import annotations
 
-import os
+from pathlib import Path
 
 import numpy as np
 import pytest
 from helpers import run_isolated
 
-TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-# Children train factories.detector_cnn (convolutions, global pooling, a box head) on
-# factories.box_shards / box_dataset (two shards, the later at twice the resolution).
-MODEL = f"""
-import sys
-sys.path.insert(0, {TESTS!r})
-import memfit  # first: applies MEMFIT_MEMORY before TensorFlow is imported
-import keras, numpy as np
-from factories import box_dataset, box_shards
-from factories import detector_cnn as build
-
-def weights(model):
-    return [w.tolist() for w in model.get_weights()]
-"""
+CHILDREN = Path(__file__).resolve().parent / "children"
+# Most children (children/*.py) train factories.detector_cnn (convolutions, global pooling, a
+# box head) on factories.box_shards / box_dataset (two shards, the later at twice the
+# resolution).
 
 
 def _max_rel(a: list, b: list) -> float:
@@ -33,24 +22,7 @@ def _max_rel(a: list, b: list) -> float:
 
 
 def test_k4_equals_k1_at_the_same_effective_batch() -> None:
-    result = run_isolated(
-        MODEL
-        + """
-import memfit
-rng = np.random.default_rng(3)
-x = rng.normal(size=(64, 16, 16, 3)).astype("float32")
-y = rng.uniform(size=(64, 4)).astype("float32")
-runs = {}
-for k in (1, 4):
-    m = build()
-    h = memfit.fit(m, x, y, batch_size=16, epochs=2, shuffle=False, verbose=0, micro_batches=k)
-    runs[k] = {"w": weights(m), "it": int(m.optimizer.iterations), "loss": h.history["loss"],
-               "summary": h.memfit.to_dict()}
-plain = build()
-hp = plain.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0)
-emit({"runs": runs, "plain": weights(plain), "plain_loss": hp.history["loss"]})
-"""
-    )
+    result = run_isolated(CHILDREN / "k4_equals_k1.py")
     k1, k4 = result["runs"]["1"], result["runs"]["4"]
     assert k1["it"] == k4["it"] == 8  # one update per effective batch
     assert _max_rel(k4["w"], k1["w"]) < 1e-5
@@ -62,28 +34,9 @@ emit({"runs": runs, "plain": weights(plain), "plain_loss": hp.history["loss"]})
 @pytest.mark.slow
 def test_seed_scenario_plain_fit_dies_memfit_fit_recovers() -> None:
     budget = {"MEMFIT_MEMORY": "128MiB"}
-    code = (
-        MODEL
-        + """
-import memfit, tensorflow as tf
-mode = {mode!r}
-out = {{}}
-if mode == "plain":
-    m = build()
-    try:
-        m.fit(box_dataset(), epochs=2, verbose=0)
-        out["plain"] = "completed"
-    except tf.errors.ResourceExhaustedError:
-        out["plain"] = "ResourceExhaustedError"
-m = build()
-h = memfit.fit(m, box_dataset(), epochs=2, verbose=0)
-out.update(weights=weights(m), iterations=int(m.optimizer.iterations),
-           epochs=len(h.history["loss"]), summary=h.memfit.to_dict())
-emit(out)
-"""
-    )
-    tight = run_isolated(code.format(mode="plain"), env=budget)
-    roomy = run_isolated(code.format(mode="roomy"), env={"MEMFIT_MEMORY": "4GiB"})
+    code = CHILDREN / "seed_scenario.py"
+    tight = run_isolated(code, env=budget, args={"mode": "plain"})
+    roomy = run_isolated(code, env={"MEMFIT_MEMORY": "4GiB"}, args={"mode": "roomy"})
     assert tight["plain"] == "ResourceExhaustedError"
     assert tight["epochs"] == 2
     assert tight["iterations"] == roomy["iterations"] == 8
@@ -99,46 +52,7 @@ emit(out)
 @pytest.mark.slow
 def test_oom_inside_the_optimizer_update_leaves_state_as_a_clean_step() -> None:
     result = run_isolated(
-        MODEL
-        + """
-import memfit, tensorflow as tf
-
-class FlakyAdam(keras.optimizers.Adam):
-    # On its armed step, after updating the third variable, it allocates far more than the
-    # budget: a real allocator OOM in the middle of the update.
-    def __init__(self, arm_at=-1, **kw):
-        super().__init__(**kw)
-        self.arm_at = arm_at
-        self.armed = tf.Variable(0.0, trainable=False)
-
-    def update_step(self, gradient, variable, learning_rate):
-        super().update_step(gradient, variable, learning_rate)
-        if self._get_variable_index(variable) != 2:
-            return
-        def boom():
-            with tf.control_dependencies([self.armed.assign(0.0)]):
-                big = tf.random.uniform([512 * 1024 * 1024])
-            return tf.minimum(tf.reduce_max(big), 0.0)
-        hit = tf.cond(
-            tf.logical_and(self.armed > 0, tf.equal(self.iterations, self.arm_at)),
-            boom, lambda: 0.0)
-        with tf.control_dependencies([hit]):
-            variable.assign_add(tf.zeros_like(variable))
-
-rng = np.random.default_rng(5)
-x = rng.uniform(size=(48, 32, 32, 3)).astype("float32")
-y = rng.uniform(size=(48, 4)).astype("float32")
-out = {}
-for name, arm in (("clean", -1), ("injected", 1)):
-    opt = FlakyAdam(arm_at=arm, learning_rate=1e-3)
-    m = build(optimizer=opt)
-    opt.armed.assign(1.0)
-    h = memfit.fit(m, x, y, batch_size=16, epochs=1, shuffle=False, verbose=0,
-                   guard_update=True)
-    out[name] = {"weights": weights(m), "slots": [v.numpy().tolist() for v in opt.variables],
-                 "summary": h.memfit.to_dict(), "loss": h.history["loss"]}
-emit(out)
-""",
+        CHILDREN / "oom_in_update.py",
         env={"MEMFIT_MEMORY": "512MiB"},
     )
     clean, injected = result["clean"], result["injected"]
@@ -155,50 +69,7 @@ def test_batchnorm_statistics_and_dropout_seeds_move_once_per_micro_batch_after_
     moving statistics and the dropout seeds; the retry starts from where they were, so a
     recovered run ends as a run that trained at the final K from the start."""
     result = run_isolated(
-        """
-import memfit, keras, numpy as np, tensorflow as tf
-
-class Bomb(keras.layers.Layer):
-    # Armed, it allocates far more than the budget once, after BatchNorm's forward ran.
-    def __init__(self, **kw):
-        super().__init__(**kw)
-        self.armed = self.add_weight(shape=(), initializer="zeros", trainable=False)
-
-    def call(self, x, training=False):
-        def boom():
-            with tf.control_dependencies([self.armed.assign(0.0)]):
-                big = tf.random.uniform([512 * 1024 * 1024])
-            return tf.minimum(tf.reduce_max(big), 0.0)
-        hit = tf.cond(self.armed > 0, boom, lambda: 0.0)
-        return x + hit
-
-def build():
-    keras.utils.set_random_seed(2)
-    inputs = keras.Input((32, 32, 3))
-    h = keras.layers.Conv2D(16, 3, padding="same")(inputs)
-    h = keras.layers.BatchNormalization()(h)
-    h = keras.layers.ReLU()(h)
-    h = keras.layers.Dropout(0.3)(h)
-    h = Bomb(name="bomb")(h)
-    h = keras.layers.GlobalAveragePooling2D()(h)
-    model = keras.Model(inputs, keras.layers.Dense(4)(h))
-    model.compile(optimizer=keras.optimizers.Adam(1e-3), loss="mse")
-    return model
-
-rng = np.random.default_rng(5)
-x = rng.uniform(size=(48, 32, 32, 3)).astype("float32")
-y = rng.uniform(size=(48, 4)).astype("float32")
-out = {}
-for name, k, arm in (("clean", 2, False), ("recovered", 1, True)):
-    m = build()
-    if arm:
-        m.get_layer("bomb").armed.assign(1.0)
-    h = memfit.fit(m, x, y, batch_size=16, epochs=1, shuffle=False, verbose=0,
-                   micro_batches=k)
-    out[name] = {"vars": [[v.path, v.numpy().tolist()] for v in m.variables],
-                 "summary": h.memfit.to_dict()}
-emit(out)
-""",
+        CHILDREN / "batchnorm_retry.py",
         env={"MEMFIT_MEMORY": "512MiB"},
     )
     clean, recovered = result["clean"], result["recovered"]
@@ -215,24 +86,7 @@ emit(out)
 @pytest.mark.slow
 def test_mirrored_strategy_two_cpus_recovers_and_replicas_agree() -> None:
     result = run_isolated(
-        MODEL
-        + """
-import memfit, tensorflow as tf
-cpu = tf.config.list_physical_devices("CPU")[0]
-tf.config.set_logical_device_configuration(
-    cpu, [tf.config.LogicalDeviceConfiguration(), tf.config.LogicalDeviceConfiguration()])
-strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
-with strategy.scope():
-    m = build()
-x, y = box_shards((128,))[0]
-h = memfit.fit(m, x, y, batch_size=32, epochs=1, shuffle=False, verbose=0)
-agree = all(
-    np.array_equal(v.value.values[0].numpy(), v.value.values[1].numpy())
-    for v in m.trainable_variables
-)
-emit({"summary": h.memfit.to_dict(), "agree": agree, "it": int(m.optimizer.iterations.numpy()),
-      "replicas": strategy.num_replicas_in_sync})
-""",
+        CHILDREN / "mirrored.py",
         env={"MEMFIT_MEMORY": "160MiB"},
     )
     assert result["replicas"] == 2
@@ -243,62 +97,14 @@ emit({"summary": h.memfit.to_dict(), "agree": agree, "it": int(m.optimizer.itera
 
 @pytest.mark.slow
 def test_loss_scale_optimizer_skips_the_whole_update_on_a_non_finite_micro_batch() -> None:
-    result = run_isolated(
-        MODEL
-        + """
-import memfit
-keras.mixed_precision.set_dtype_policy("mixed_float16")
-rng = np.random.default_rng(7)
-x = rng.uniform(size=(8, 16, 16, 3)).astype("float32")
-x[6] = 6e4   # overflows float16 in the second micro-batch only
-y = rng.uniform(size=(8, 4)).astype("float32")
-out = {}
-for name in ("keras", "memfit"):
-    m = build()
-    before = weights(m)
-    if name == "keras":
-        m.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0)
-    else:
-        memfit.fit(m, x, y, batch_size=8, epochs=1, shuffle=False, verbose=0, micro_batches=2)
-    out[name] = {"changed": weights(m) != before,
-                 "scale": float(m.optimizer.dynamic_scale.numpy()),
-                 "lso": type(m.optimizer).__name__}
-emit(out)
-"""
-    )
+    result = run_isolated(CHILDREN / "loss_scale.py")
     assert result["memfit"]["lso"] == "LossScaleOptimizer"
     assert result["keras"]["changed"] is False
     assert result["memfit"] == result["keras"]
 
 
 def test_bad_input_is_one_clear_memfit_error() -> None:
-    result = run_isolated(
-        MODEL
-        + """
-import memfit, tensorflow as tf
-x = np.zeros((8, 8, 8, 3), "float32"); y = np.zeros((8, 4), "float32")
-errors = {}
-def attempt(name, fn):
-    try:
-        fn()
-        errors[name] = None
-    except memfit.MemfitError as exc:
-        errors[name] = str(exc)
-attempt("zero", lambda: memfit.fit(build(), x, y, batch_size=0, verbose=0))
-attempt("text", lambda: memfit.fit(build(), x, y, batch_size="16", verbose=0))
-attempt("float", lambda: memfit.fit(build(), x, y, batch_size=1.5, verbose=0))
-raw = keras.Sequential([keras.Input((8, 8, 3)), keras.layers.Flatten(), keras.layers.Dense(4)])
-attempt("uncompiled", lambda: memfit.fit(raw, x, y, batch_size=4, verbose=0))
-ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(8)
-attempt("batched", lambda: memfit.fit(build(), ds, batch_size=4, verbose=0))
-attempt("not_a_model", lambda: memfit.fit("model.keras", x, y, batch_size=4))
-# Keras 3 would train the first epoch of a dataset that repeats for ever for ever.
-attempt("endless", lambda: memfit.fit(build(), ds.repeat(), epochs=1, verbose=0))
-errors["with_steps"] = len(memfit.fit(build(), ds.repeat(), steps_per_epoch=2, verbose=0)
-                           .history["loss"])
-emit(errors)
-"""
-    )
+    result = run_isolated(CHILDREN / "bad_input.py")
     for bad in ("zero", "text", "float"):
         assert "batch size must be a whole number of at least 1" in result[bad]
     assert "never compiled" in result["uncompiled"]
@@ -311,16 +117,7 @@ emit(errors)
 @pytest.mark.slow
 def test_one_sample_per_micro_batch_still_too_big_is_a_clear_error() -> None:
     result = run_isolated(
-        MODEL
-        + """
-import memfit
-x = np.zeros((2, 512, 512, 3), "float32"); y = np.zeros((2, 4), "float32")
-try:
-    memfit.fit(build(), x, y, batch_size=2, verbose=0)
-    emit({"error": None})
-except memfit.MemfitError as exc:
-    emit({"error": str(exc)})
-""",
+        CHILDREN / "one_sample_too_big.py",
         env={"MEMFIT_MEMORY": "96MiB"},
     )
     assert "even one sample per micro-batch does not fit" in result["error"]
@@ -328,36 +125,7 @@ except memfit.MemfitError as exc:
 
 
 def test_guarded_step_in_a_custom_loop_matches_the_tape_loop() -> None:
-    result = run_isolated(
-        MODEL
-        + """
-import tensorflow as tf
-rng = np.random.default_rng(11)
-x = rng.normal(size=(32, 16, 16, 3)).astype("float32")
-y = rng.uniform(size=(32, 4)).astype("float32")
-mse = keras.losses.MeanSquaredError()
-out = {}
-for name in ("tape", "guarded"):
-    m = build()
-    opt = keras.optimizers.SGD(0.05, momentum=0.9)
-    if name == "guarded":
-        step = memfit.GuardedStep(m, micro_batches=4, optimizer=opt,
-                                  loss_fn=lambda a, b, m=m: mse(b, m(a, training=True)))
-    losses = []
-    for i in range(0, 32, 8):
-        xb, yb = x[i:i + 8], y[i:i + 8]
-        if name == "tape":
-            with tf.GradientTape() as tape:
-                value = mse(yb, m(xb, training=True))
-            opt.apply_gradients(zip(tape.gradient(value, m.trainable_variables),
-                                    m.trainable_variables))
-        else:
-            value = step((xb, yb))["loss"]
-        losses.append(float(value))
-    out[name] = {"w": weights(m), "losses": losses, "it": int(opt.iterations.numpy())}
-emit(out)
-"""
-    )
+    result = run_isolated(CHILDREN / "guarded_step.py")
     tape, guarded = result["tape"], result["guarded"]
     assert tape["it"] == guarded["it"] == 4
     assert _max_rel(guarded["w"], tape["w"]) < 1e-5
@@ -366,43 +134,7 @@ emit(out)
 
 def test_a_plan_for_another_precision_or_remat_is_refused_and_build_scope_obeys_it() -> None:
     result = run_isolated(
-        MODEL
-        + """
-import memfit
-from memfit.planning import Plan
-def plan(precision, remat=None):
-    return Plan(batch_size=8, micro_batches=2, micro_batch_size=4, precision=precision,
-                remat=remat, peak_bytes=None, step_seconds=None,
-                budget=memfit.Budget.from_size("1GiB"), margin=0.05)
-x = np.zeros((8, 16, 16, 3), "float32"); y = np.zeros((8, 4), "float32")
-out = {}
-def attempt(name, model, p):
-    try:
-        h = memfit.fit(model, x, y, batch_size=8, verbose=0, plan=p)
-        out[name] = {"micro_batches": list(h.memfit.micro_batches.values())}
-    except memfit.MemfitError as exc:
-        out[name] = {"error": str(exc)}
-attempt("mixed_plan_float32_model", build(), plan("mixed_float16"))
-attempt("remat_plan_plain_model", build(), plan("float32", "larger_than"))
-for p in (plan("mixed_float16"), plan("float32", "larger_than")):
-    with p.build_scope():
-        model = build()
-    attempt(f"built_for_{p.precision}_{p.remat}", model, p)
-    out[f"policy_after_{p.precision}"] = keras.mixed_precision.dtype_policy().name
-with plan("mixed_bfloat16").build_scope():
-    mixed = build()
-attempt("float32_plan_mixed_model", mixed, plan("float32"))
-# The old spelling, a plan as micro_batches: still followed, with a DeprecationWarning.
-import warnings
-with warnings.catch_warnings(record=True) as caught:
-    warnings.simplefilter("always")
-    h = memfit.fit(build(), x, y, batch_size=8, verbose=0, micro_batches=plan("float32"))
-out["deprecated"] = {
-    "micro_batches": list(h.memfit.micro_batches.values()),
-    "warned": [str(w.message) for w in caught if issubclass(w.category, DeprecationWarning)],
-}
-emit(out)
-""",
+        CHILDREN / "plan_refused.py",
     )
     error = result["mixed_plan_float32_model"]["error"]
     assert "plan is for precision mixed_float16" in error and "built with float32" in error

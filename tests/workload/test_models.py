@@ -1,10 +1,14 @@
 """MODEL arguments: files, factories and built-ins, and the errors users get for bad ones."""
 
+from pathlib import Path
+
 import pytest
 from helpers import run_cli, run_isolated
 
 from memfit import ModelLoadError
 from memfit.workload.models import check_model_spec
+
+CHILDREN = Path(__file__).resolve().parent / "children"
 
 
 def test_missing_file_is_reported_without_tensorflow(tmp_path):
@@ -44,32 +48,7 @@ def test_factories_files_and_builtins(tmp_path):
         "    return 42\n"
         "NUMBER = 3\n"
     )
-    out = run_isolated(
-        f"""
-        import os, keras, memfit
-        os.chdir({str(tmp_path)!r})
-        results = {{}}
-        m = memfit.load_model("mymodels:small")
-        results["factory"] = type(m).__name__
-        m.save("small.keras")
-        results["file"] = memfit.load_model("small.keras").optimizer.__class__.__name__
-        inputs = keras.Input((4,))
-        lam = keras.Model(inputs, keras.layers.Lambda(lambda t: t * 2)(inputs))
-        lam.save("lambda.keras")
-        b = memfit.load_model("keras.applications.MobileNetV2", input_shape=(64, 64, 3), classes=7)
-        results["builtin"] = list(b.output_shape)
-        for spec in ("mymodels:missing", "mymodels:broken", "mymodels:not_a_model",
-                     "mymodels:NUMBER", "nosuchmodule:f", "keras.applications.MobileNetV9",
-                     "lambda.keras"):
-            try:
-                memfit.load_model(spec)
-                results[spec] = None
-            except memfit.ModelLoadError as exc:
-                results[spec] = str(exc)
-        results["unsafe_ok"] = type(memfit.load_model("lambda.keras", safe_mode=False)).__name__
-        emit(results)
-        """
-    )
+    out = run_isolated(CHILDREN / "load_models.py", args={"directory": str(tmp_path)})
     assert out["factory"] == "Sequential"
     assert out["file"] == "Adam"
     assert out["builtin"] == [None, 7]
@@ -96,27 +75,7 @@ _UNCOMPILED = (
 def test_uncompiled_model_says_which_optimizer_and_loss_were_used():
     # A new user's finding: a factory's uncompiled model was measured silently
     # with a loss and optimizer nobody chose. Built-ins are never compiled: no warning.
-    result = run_isolated(
-        _UNCOMPILED
-        + """
-import warnings
-import memfit
-from memfit.workload.workload import Workload
-
-with warnings.catch_warnings(record=True) as caught:
-    warnings.simplefilter("always")
-    work = Workload(build())
-    builtin = memfit.load_model("keras.applications.MobileNetV2", input_shape=(32, 32, 3))
-    quiet = Workload(builtin)
-    given = Workload(build(), optimizer="sgd", loss="mean_squared_error")
-emit({
-    "warnings": [str(w.message) for w in caught if issubclass(w.category, memfit.MemfitWarning)],
-    "compiled_with": work.compiled_with,
-    "builtin": quiet.compiled_with,
-    "given": given.compiled_with,
-})
-"""
-    )
+    result = run_isolated(CHILDREN / "uncompiled.py")
     assert len(result["warnings"]) == 1, result["warnings"]
     message = result["warnings"][0]
     assert "is not compiled" in message

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import warnings
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -22,6 +23,8 @@ from memfit.workload.workload import (
     readable_samples,
     shape_list,
 )
+
+CHILDREN = Path(__file__).resolve().parent / "children"
 
 keras = tf.keras
 TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -295,28 +298,7 @@ def test_a_batch_on_an_emulated_card_is_held_in_its_allocator() -> None:
     from helpers import run_isolated
 
     got = run_isolated(
-        """
-        import numpy as np
-        import memfit
-        from memfit.backend import tf as tfb
-        tf = tfb.import_tf()
-        import keras
-        from memfit.workload.workload import Workload
-        inputs = keras.Input((64, 64, 3))
-        model = keras.Model(inputs, keras.layers.Dense(2)(keras.layers.Flatten()(inputs)))
-        model.compile("sgd", "mse")
-        workload = Workload(model)
-        before = tfb.memory_info("CPU:0")["current"]
-        x, y = workload.batch(16)
-        held = tfb.memory_info("CPU:0")["current"] - before
-        plain = tf.constant(np.ones((16, 64, 64, 3), "float32"))
-        emit({
-            "held": held,
-            "plain": tfb.memory_info("CPU:0")["current"] - before - held,
-            "batch": sum(int(t.shape.num_elements()) * t.dtype.size for t in (x, y)),
-            "same": bool(tf.reduce_all(x == workload.batch(16)[0])),
-        })
-        """,
+        CHILDREN / "held_batch.py",
         env={"MEMFIT_MEMORY": "1GiB", "PYTHONPATH": TESTS},
     )
     assert got["plain"] == 0  # what TensorFlow does with a NumPy array on a CPU
