@@ -53,24 +53,7 @@ lint: install
 # time), as its tests wait on the child processes they start; fresh-clone CI
 # runs took 990 s of tests with 2 workers, 904 s with 3 and 858 s with 4 (181% busy).
 TEST_WORKERS ?= 4
-GARDEN_WORKERS ?= 2
-TEST_LOGS := .test-logs
-
-# Both environments' suites at once: the Model Garden's recovery test spends most of its
-# minutes waiting in TensorFlow's allocator retry (10 s per failing allocation), time the
-# main suite's tests use. The garden suite's output follows the main suite's.
-test: install install-garden lint
-	@mkdir -p $(TEST_LOGS)
-	@echo "test: the garden suite runs beside the main suite (log: $(TEST_LOGS)/garden.log)"
-	@( $(GARDEN_PY) -m pytest -q -n $(GARDEN_WORKERS) --dist loadfile --no-loadscope-reorder \
-		tests/garden --durations=10 > $(TEST_LOGS)/garden.log 2>&1; \
-		echo $$? > $(TEST_LOGS)/garden.rc ) & \
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=15; \
-	main=$$?; wait; \
-	echo "== the garden suite (tf_keras, the TF Model Garden: $(GARDEN_VENV))"; \
-	cat $(TEST_LOGS)/garden.log; garden=$$(cat $(TEST_LOGS)/garden.rc); \
-	echo "test: main suite exit $$main, garden suite exit $$garden"; \
-	test $$main -eq 0 && test $$garden -eq 0
+test: test-main test-garden
 
 # The edit-test loop: the tests that start no process (no TensorFlow child, no CLI run).
 test-fast: install lint
@@ -81,7 +64,8 @@ test-main: install lint
 
 # tf_keras and the TF Model Garden, in their own environment (tests/garden).
 test-garden: install-garden
-	$(GARDEN_PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests/garden --durations=10
+	$(GARDEN_PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder tests/garden \
+		--durations=10
 
 # Benchmarks: one script per claim, tables on the terminal, JSON in bench/results/.
 bench: install install-garden
@@ -104,4 +88,4 @@ bench-quick: install install-garden
 	$(PY) -m bench.estimate_accuracy --quick --out bench/results/estimate_accuracy_quick.json
 
 clean:
-	rm -rf $(VENV) $(GARDEN_VENV) $(TEST_LOGS) .pytest_cache .ruff_cache build src/*.egg-info
+	rm -rf $(VENV) $(GARDEN_VENV) .pytest_cache .ruff_cache build src/*.egg-info
