@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import pytest
 from helpers import run_cli, run_isolated
@@ -21,6 +22,7 @@ TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SRC = os.path.join(os.path.dirname(TESTS), "src")
 ENV = {"PYTHONPATH": os.pathsep.join([SRC, TESTS]), "DFINE_SIZE": "64"}
 MODEL = ("mypkg.detectors:dfine", "--data", "mypkg.detectors:dfine_data")
+CHILDREN = Path(__file__).resolve().parent / "children"
 
 
 def _json(proc) -> dict:
@@ -73,23 +75,7 @@ def test_fit_recovers_from_a_batch_too_large_and_the_report_shows_it(tmp_path) -
     D-FINE's anchors are fixed to one image size, so what grows here is the batch.
     """
     log = tmp_path / "run.jsonl"
-    result = run_isolated(
-        f"""
-        import memfit
-        memfit.emulate("150MiB")
-        from mypkg import detectors as d
-
-        model = d.dfine_detector(128, 32)
-        watch = memfit.Watch(log_path={str(log)!r}, name="d-fine", verbose=False)
-        data = d.dfine_samples(64, 128).batch(32)
-        history = memfit.fit(model, data, epochs=1, callbacks=[watch], verbose=0)
-        emit({{"summary": history.memfit.to_dict(),
-               "updates": int(model.optimizer.iterations.numpy()),
-               "loss": float(history.history["loss"][-1]),
-               "findings": [f.to_dict()["kind"] for f in watch.findings]}})
-        """,
-        env=ENV,
-    )
+    result = run_isolated(CHILDREN / "dfine_fit.py", env=ENV, args={"log": str(log)})
     summary = result["summary"]
     assert summary["updates"] == result["updates"] == 2  # both batches, one update each
     recovery = summary["recoveries"][0]

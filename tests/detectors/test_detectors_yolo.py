@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import os
-from textwrap import dedent
+from pathlib import Path
 
 import pytest
 from helpers import run_cli, run_isolated
@@ -21,6 +21,7 @@ TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SRC = os.path.join(os.path.dirname(TESTS), "src")
 ENV = {"PYTHONPATH": os.pathsep.join([SRC, TESTS]), "YOLO_SIZE": "128"}
 MODEL = ("mypkg.detectors:yolo", "--data", "mypkg.detectors:yolo_data")
+CHILDREN = Path(__file__).resolve().parent / "children"
 
 
 def _json(proc) -> dict:
@@ -61,62 +62,15 @@ def test_batch_is_bracketed_by_a_real_oom_and_plan_splits_the_batch() -> None:
     assert plan["micro_batch_size"] <= found["batch_size"] + 2
 
 
-DATA = """
-from mypkg import detectors as d
-
-def data():  # 16 images at 128 px, then a new shard of 16 at 256 px; batches of 8
-    small = d.yolo_samples(16, 128).batch(8)
-    return small.concatenate(d.yolo_samples(16, 256, seed=1).batch(8))
-"""
-
-
 @pytest.mark.slow
 def test_fit_recovers_on_a_shard_of_larger_images_and_the_report_shows_it(tmp_path) -> None:
     """Plain `fit` dies on 256 px images under 250 MiB; `memfit.fit`, watched, finishes."""
-    plain = run_isolated(
-        dedent(
-            """
-            import memfit
-            memfit.emulate("250MiB")
-            import tensorflow as tf
-            """
-        )
-        + DATA
-        + dedent(
-            """
-        try:
-            d.yolo_detector(None).fit(data(), epochs=1, verbose=0)
-            emit("completed")
-        except tf.errors.ResourceExhaustedError:
-            emit("ResourceExhaustedError")
-        """
-        ),
-        env=ENV,
-    )
+    shards = CHILDREN / "yolo_shards.py"
+    plain = run_isolated(shards, env=ENV, args={"mode": "plain"})
     assert plain == "ResourceExhaustedError"
 
     log = tmp_path / "run.jsonl"
-    result = run_isolated(
-        dedent(
-            """
-            import memfit
-            memfit.emulate("250MiB")
-            """
-        )
-        + DATA
-        + dedent(
-            f"""
-        model = d.yolo_detector(None)
-        watch = memfit.Watch(log_path={str(log)!r}, name="yolo", verbose=False)
-        history = memfit.fit(model, data(), epochs=1, callbacks=[watch], verbose=0)
-        emit({{"summary": history.memfit.to_dict(),
-               "updates": int(model.optimizer.iterations.numpy()),
-               "loss": float(history.history["loss"][-1]),
-               "findings": [f.to_dict()["kind"] for f in watch.findings]}})
-        """
-        ),
-        env=ENV,
-    )
+    result = run_isolated(shards, env=ENV, args={"mode": "watched", "log": str(log)})
     summary = result["summary"]
     assert summary["updates"] == result["updates"] == 4  # no batch lost
     small = [k for k in summary["micro_batches"] if k.startswith("8x128x128x3")]

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -37,92 +38,13 @@ SIZES = [10, 9, 8, 7, 6]
 # at 800 MiB the K=1 step of a size sometimes fit, one OOM short of five.
 BUDGET = "740MiB"
 
-_CHILD = """
-import json, os
-import numpy as np
-import memfit
-import tensorflow as tf
-import official.vision
-from official.core import exp_factory, task_factory
-from memfit.data.synth import write_dataset
-
-# One inter-op thread: near the limit, ops of several threads waiting in the BFC allocator's
-# retry for memory that only the others can free stalled a step for minutes.
-tf.config.threading.set_inter_op_parallelism_threads(1)
-MIB = 2 ** 20
-directory, out, mode = {directory!r}, {out!r}, {mode!r}
-sizes = {sizes!r}
-if not os.path.exists(os.path.join(directory, "done")):
-    write_dataset(directory, count=20, shards=2, image_size=(256, 256), num_classes=5,
-                  max_objects=4)
-    open(os.path.join(directory, "done"), "w").close()
-config = exp_factory.get_exp_config("retinanet_resnetfpn_coco")
-config.override({{"task": {{
-    "init_checkpoint": None,
-    "model": {{"input_size": [256, 256, 3], "num_classes": 6,
-              "backbone": {{"resnet": {{"model_id": 18}}}}}},
-    "train_data": {{"input_path": os.path.join(directory, "train-*"), "global_batch_size": 10,
-                   "parser": {{"aug_rand_hflip": False}}}}}}}}, is_strict=False)
-task = task_factory.get_task(config.task)
-iterator = iter(task.build_inputs(config.task.train_data))
-batch = next(iterator)
-del iterator  # no prefetching pipeline beside the steps
-
-def used():
-    return tf.config.experimental.get_memory_info("CPU:0")["current"]
-
-def train(model, micro_batches=None):
-    optimizer = task.create_optimizer(config.trainer.optimizer_config, config.runtime)
-    step = memfit.GuardedStep.from_task(task, model, optimizer, verbose=False)
-    if micro_batches is not None:
-        step.resume_micro_batches(micro_batches)
-    rows = []
-    for n in sizes:
-        before, recoveries = used(), len(step.summary.recoveries)
-        logs = step(tf.nest.map_structure(lambda t: t[:n], batch))
-        rows.append({{"size": n, "before": before, "after": used(),
-                     "recoveries": len(step.summary.recoveries) - recoveries,
-                     "loss": float(logs["loss"])}})
-    return {{"rows": rows, "updates": step.summary.updates,
-            "iterations": int(optimizer.iterations.numpy()),
-            "micro_batches": dict(step.summary.micro_batches),
-            "messages": [r.message for r in step.summary.recoveries],
-            "weights": [v.numpy() for v in model.trainable_variables]}}
-
-model = task.build_model()
-if mode == "budget":
-    np.savez(out + "-init.npz", *model.get_weights())
-    # bfloat16 images as float32 (NumPy has no bfloat16), cast back on loading: exact.
-    np.savez(out + "-batch.npz", *[
-        tf.cast(t, tf.float32).numpy() if t.dtype == tf.bfloat16 else t.numpy()
-        for t in tf.nest.flatten(batch)])
-    result = train(model)
-    np.savez(out + "-budget.npz", *result.pop("weights"))
-    emit(result)
-else:
-    init = np.load(out + "-init.npz")
-    init = [init[f"arr_{{i}}"] for i in range(len(init.files))]
-    saved = np.load(out + "-batch.npz")
-    arrays = [saved[f"arr_{{i}}"] for i in range(len(saved.files))]
-    batch = tf.nest.pack_sequence_as(batch, [
-        tf.cast(tf.constant(a), t.dtype) for a, t in zip(arrays, tf.nest.flatten(batch))])
-    def load(model):
-        model.set_weights(init)
-        for v in model.variables:  # copied by TensorFlow, so counted in bytes in use as built
-            v.assign(v * tf.ones((), v.dtype))  # ones (set_weights may alias NumPy's arrays)
-
-    load(model)
-    settled = json.load(open(out + "-k.json"))
-    same_k = train(model, settled)
-    np.savez(out + "-same-k.npz", *same_k.pop("weights"))
-    emit({{"same_k": same_k}})
-"""
+CHILDREN = Path(__file__).resolve().parent / "children"
 
 
 def _run(directory: str, out: str, mode: str, memory: str) -> Any:
-    code = _CHILD.format(directory=directory, out=out, mode=mode, sizes=SIZES)
+    args = {"directory": directory, "out": out, "mode": mode, "sizes": SIZES}
     env = {"MEMFIT_MEMORY": memory, "PYTHONPATH": os.environ.get("PYTHONPATH", "")}
-    return run_isolated(code, env=env, timeout=1700)
+    return run_isolated(CHILDREN / "garden_recovery.py", env=env, args=args, timeout=1700)
 
 
 def _weights(path: str) -> list[np.ndarray]:

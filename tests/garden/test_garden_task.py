@@ -6,25 +6,21 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import pytest
 from helpers import run_cli, run_isolated
 from mypkg.garden import as_options, retinanet_sets
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+CHILDREN = Path(HERE) / "children"
 TASK = "garden:retinanet_resnetfpn_coco"
 
 
 @pytest.fixture(scope="module")
 def od_data(tmp_path_factory: pytest.TempPathFactory) -> str:
     folder = str(tmp_path_factory.mktemp("od"))
-    run_isolated(
-        f"""
-        from memfit.data.synth import write_dataset
-        write_dataset({folder!r}, count=8, shards=1, image_size=(128, 128), num_classes=5)
-        emit(True)
-        """
-    )
+    run_isolated(CHILDREN / "write_od.py", args={"folder": folder})
     return folder
 
 
@@ -164,33 +160,7 @@ def test_plan_of_a_task_refuses_precision_in_one_line(od_data: str) -> None:
 
 
 def test_a_tf_keras_step_fn_in_process_is_measured_and_estimated() -> None:
-    out = run_isolated(
-        """
-        import memfit
-        memfit.emulate("1GiB")
-        import tensorflow as tf, tf_keras
-        model = tf_keras.Sequential([tf_keras.Input((32, 32, 3)), tf_keras.layers.Conv2D(8, 3),
-                                     tf_keras.layers.Flatten(), tf_keras.layers.Dense(4)])
-        optimizer = tf_keras.optimizers.legacy.Adam()
-        loss = tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-        def step_fn(data, optimizer):
-            x, y = data
-            with tf.GradientTape() as tape:
-                value = loss(y, model(x, training=True))
-            grads = tape.gradient(value, model.trainable_variables)
-            optimizer.apply_gradients(zip(grads, model.trainable_variables))
-            return {"loss": value}
-        samples = tf.data.Dataset.from_tensor_slices(
-            (tf.random.normal((64, 32, 32, 3)), tf.zeros((64,), tf.int32)))
-        before = [v.numpy().copy() for v in model.variables]
-        m = memfit.measure(model, 16, optimizer=optimizer, step_fn=step_fn, data=samples)
-        e = memfit.estimate(model, 16, optimizer=optimizer, step_fn=step_fn, data=samples,
-                            samples=0)
-        same = all((a == b.numpy()).all() for a, b in zip(before, model.variables))
-        emit({"peak": m.peak_bytes, "resident": m.resident_bytes, "estimate": e.peak_bytes,
-              "restored": bool(same), "iterations": int(optimizer.iterations.numpy())})
-        """
-    )
+    out = run_isolated(CHILDREN / "tf_keras_step_spec.py")
     assert out["restored"] and out["iterations"] == 0  # the steps measured were put back
     assert out["peak"] > out["resident"] > 0
     assert 0.7 < out["estimate"] / out["peak"] < 1.4, out

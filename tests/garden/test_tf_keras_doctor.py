@@ -6,24 +6,15 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
+from pathlib import Path
 
 from helpers import run_cli, run_isolated
 
+CHILDREN = Path(__file__).resolve().parent / "children"
+
 
 def test_doctor_names_tf_keras_and_the_model_garden_without_importing_them() -> None:
-    out = run_isolated(
-        """
-        import os, sys
-        import memfit
-        from memfit.backend import tf as tfb
-        os.environ.pop("TF_USE_LEGACY_KERAS", None)
-        plain = memfit.doctor().to_dict()
-        os.environ["TF_USE_LEGACY_KERAS"] = "1"
-        switched = memfit.doctor().to_dict()
-        emit({"plain": plain, "switched": switched, "initialised": tfb.is_initialized(),
-              "imported": sorted(m for m in ("tf_keras", "official") if m in sys.modules)})
-        """
-    )
+    out = run_isolated(CHILDREN / "doctor_legacy.py")
     assert out["initialised"] is False and out["imported"] == []
     version = importlib.metadata.version("tf_keras")
     plain, switched = out["plain"], out["switched"]

@@ -6,6 +6,7 @@ checks share them instead of searching again.
 """
 
 import json
+from pathlib import Path
 
 import pytest
 from helpers import run_cli, run_isolated
@@ -16,96 +17,8 @@ from memfit.search.strategy import predicted_peak as _predicted_peak
 from memfit.search.strategy import soak_size as _soak_size
 
 BUDGET_MIB = 256
-FIT = """
-import json, sys
-import numpy as np, memfit, keras
-from memfit.backend import tf as tfb
-import tensorflow as tf
-from memfit.workload.workload import Workload
-model, b = keras.models.load_model(sys.argv[1]), int(sys.argv[2])
-x, y = np.random.rand(b, 64, 64, 3).astype("float32"), np.zeros(b, "int32")
-# 20 steps of plain model.fit on a dataset of the batch, its batch dimension undefined as a
-# pipeline's `batch` leaves it. (A pipeline that batches here would add its own buffers,
-# which on a GPU live in host memory and here would count in the emulated card.)
-ds = Workload(model).fit_dataset((tf.constant(x), tf.constant(y))).take(20)
-del x, y
-tfb.reset_peak("CPU:0")  # not the emulation's one-region reservation
-try:
-    model.fit(ds, epochs=1, verbose=0)
-    oom = False
-except Exception as exc:
-    if not tfb.is_oom(exc):
-        raise
-    oom = True
-peak = tfb.memory_info("CPU:0")["peak"]
-print(json.dumps({"batch_size": b, "oom": oom, "peak_bytes": peak}))
-"""
-SEARCHES = """
-import concurrent.futures, json, os, subprocess, sys, tempfile
-import numpy as np, memfit, keras, tensorflow as tf
-from memfit.backend import tf as tfb
-
-def mobilenet(size):
-    model = keras.applications.MobileNetV2(weights=None, input_shape=(size, size, 3), classes=10)
-    model.compile("adam", "sparse_categorical_crossentropy")
-    return model
-
-out = {}
-# 1. In process: the model is given here; the trials run on a saved copy in a child.
-model = mobilenet(64)
-model.optimizer.build(model.trainable_variables)
-state = lambda: [np.array(v.numpy()) for v in model.variables + model.optimizer.variables]
-before = state()
-baseline = tfb.memory_info("CPU:0")["current"]
-result = memfit.find_batch_size(model, margin=0.0, max_batch=96)
-out["search"] = result.to_dict()
-# The default: a 5% margin, confirmed by 20 steps in a fresh process within 95% of the card.
-out["default"] = memfit.find_batch_size(model, max_batch=96).to_dict()
-out["same"] = all(np.array_equal(a, b) for a, b in zip(before, state()))
-out["iterations"] = int(model.optimizer.iterations.numpy())
-out["baseline"], out["after"] = baseline, tfb.memory_info("CPU:0")["current"]
-
-# 2-4 side by side (mostly waiting on child processes): the size found in a fresh process,
-# independently of the search; batch 1 not fitting (an isolated search of
-# a MODEL string: a real OOM in its child); and here, a dataset with one huge image.
-folder = tempfile.mkdtemp()
-path = os.path.join(folder, "model.keras")
-model.save(path)
-del model
-size = result.batch_size
-
-def train(b):
-    # What a user does with the answer: model.fit on arrays, in a fresh process.
-    proc = subprocess.run([sys.executable, "-c", FIT_CODE, path, str(b)], capture_output=True,
-                          text=True, timeout=600)
-    return json.loads(proc.stdout.strip().splitlines()[-1]) if proc.returncode == 0 else {
-        "batch_size": b, "error": proc.stderr[-2000:]}
-
-with concurrent.futures.ThreadPoolExecutor(3) as pool:
-    fresh = [pool.submit(train, out["default"]["batch_size"])]
-    nothing = pool.submit(memfit.find_batch_size, path, "48MiB", isolated=True)
-
-    images = [np.zeros((32, 32, 3), "float32")] * 30
-    images[17] = np.zeros((320, 320, 3), "float32")
-    ds = tf.data.Dataset.from_generator(
-        lambda: ((img, np.int32(1)) for img in images),
-        output_signature=(tf.TensorSpec((None, None, 3), tf.float32),
-                          tf.TensorSpec((), tf.int32)))
-    inputs = keras.Input((None, None, 3))
-    x = keras.layers.Conv2D(16, 3, padding="same", activation="relu")(inputs)
-    x = keras.layers.Conv2D(16, 3, padding="same", activation="relu")(x)
-    x = keras.layers.GlobalAveragePooling2D()(x)
-    anysize = keras.Model(inputs, keras.layers.Dense(4, activation="softmax")(x))
-    anysize.compile("adam", "sparse_categorical_crossentropy")
-    huge = memfit.find_batch_size(anysize, data=ds, margin=0.0)
-    first = memfit.measure(anysize, 1, data=ds, repeats=1)          # the first sample
-    out["huge"] = {**huge.to_dict(), "first_step": first.step_bytes,
-                   "resident": first.resident_bytes}
-    out["fresh"] = [f.result() for f in fresh]
-    none = nothing.result()
-    out["none"] = {**none.to_dict(), "summary": none.summary()}
-emit(out)
-""".replace("BUDGET_MIB", str(BUDGET_MIB)).replace("FIT_CODE", repr(FIT))
+CHILDREN = Path(__file__).resolve().parent / "children"
+SEARCHES = CHILDREN / "searches.py"
 
 
 @pytest.fixture(scope="module")
@@ -220,26 +133,7 @@ def test_a_model_that_cannot_be_saved_is_searched_in_this_process():
     # No child can rebuild it: the trials run here, the first with a warm-up step and the
     # later ones one measured step each, the soak in this process too; the model's state is
     # restored after each trial.
-    out = run_isolated(
-        """
-        import numpy as np, memfit, keras
-
-        class Unsaveable(keras.layers.Dense):
-            def get_config(self):
-                raise NotImplementedError("no config")
-
-        model = keras.Sequential([keras.Input((1024,)), Unsaveable(2048, activation="relu"),
-                                  keras.layers.Dense(10)])
-        model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-        model.optimizer.build(model.trainable_variables)
-        before = [np.array(v.numpy()) for v in model.variables + model.optimizer.variables]
-        result = memfit.find_batch_size(model, margin=0.05, max_batch=4096, soak_steps=2)
-        after = [np.array(v.numpy()) for v in model.variables + model.optimizer.variables]
-        emit({**result.to_dict(),
-              "same": all(np.array_equal(a, b) for a, b in zip(before, after))})
-        """,
-        env={"MEMFIT_MEMORY": "64MiB"},
-    )
+    out = run_isolated(CHILDREN / "unsaveable.py", env={"MEMFIT_MEMORY": "64MiB"})
     assert out["decided_in"] == "this_process" and out["same"]
     assert out["batch_size"] >= 1 and out["soak_steps"] == 2
     trials = out["trials"]

@@ -10,98 +10,20 @@ then trains, and `memfit.fit`'s recovery the K it went on with.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from helpers import run_isolated
 
 BUDGET = {"MEMFIT_MEMORY": "200MiB", "TF_NUM_INTEROP_THREADS": "1", "TF_NUM_INTRAOP_THREADS": "2"}
 
-MODEL = r"""
-import gc
-import memfit  # first: applies MEMFIT_MEMORY before TensorFlow is imported
-import numpy as np, tensorflow as tf, keras
-
-def net():
-    keras.utils.set_random_seed(1)
-    inp = keras.Input((None, None, 3))
-    h = keras.layers.Conv2D(32, 3, padding="same", activation="relu")(inp)
-    h = keras.layers.Conv2D(32, 3, padding="same", activation="relu")(h)
-    h = keras.layers.Conv2D(32, 3, padding="same", activation="relu")(h)
-    h = keras.layers.GlobalAveragePooling2D()(h)
-    m = keras.Model(inp, keras.layers.Dense(4)(h))
-    m.compile(keras.optimizers.Adam(1e-3), "mse")
-    return m
-
-rng = np.random.default_rng(0)
-
-def batches(plan):
-    # plan: [(batch, side, count), ...] -> a dataset of those batches, in order
-    def gen():
-        for b, side, count in plan:
-            for _ in range(count):
-                yield (rng.random((b, side, side, 3), dtype=np.float32),
-                       rng.random((b, 4), dtype=np.float32))
-    return tf.data.Dataset.from_generator(gen, output_signature=(
-        tf.TensorSpec((None, None, None, 3)), tf.TensorSpec((None, 4))))
-"""
-
-# Each scenario in turn: a fresh model, a Watch, plain `fit` (or memfit.fit), the outcome.
-RUN = r"""
-result = {}
-
-def run(name, data, callbacks=(), guarded=False):
-    w = memfit.Watch(verbose=False)
-    m = net()
-    outcome = "completed"
-    try:
-        if guarded:
-            memfit.fit(m, data, epochs=1, verbose=0, callbacks=[*callbacks, w])
-        else:
-            m.fit(data, epochs=1, verbose=0, callbacks=[*callbacks, w])
-    except tf.errors.ResourceExhaustedError:
-        outcome = "oom"
-    result[name] = {"outcome": outcome, "findings": [f.to_dict() for f in w.findings]}
-    del m, w
-    keras.backend.clear_session()
-    gc.collect()
-"""
-
-FAILING = MODEL + RUN + r"""
-
-run("shard", batches([(16, 64, 8), (16, 160, 2)]))
-
-aug = batches([(16, 80, 14)]).enumerate().map(
-    lambda i, xy: (tf.cond(i >= 8, lambda: tf.image.resize(xy[0], (160, 160)),
-                           lambda: xy[0]), xy[1]))
-run("augmentation", aug)
-run("batch", batches([(16, 96, 8), (64, 96, 2)]))
-
-class Keep(keras.callbacks.Callback):
-    kept = []
-    def on_train_batch_end(self, batch, logs=None):
-        self.kept.append(tf.ones((2**20,)))  # 4 MiB kept per step
-run("growth", batches([(16, 64, 60)]), callbacks=[Keep()])
-Keep.kept.clear()
-run("guarded", batches([(16, 64, 8), (16, 160, 2)]), guarded=True)
-emit(result)
-"""
-
-FIRST_STEP = MODEL + RUN + r"""
-run("plain", batches([(128, 96, 3)]))
-run("guarded", batches([(128, 96, 3)]), guarded=True)
-emit(result)
-"""
+CHILDREN = Path(__file__).resolve().parent / "children"
 FIRST_BUDGET = {**BUDGET, "MEMFIT_MEMORY": "400MiB"}
-
-TRAINS = MODEL + r"""
-m = net()
-m.fit(batches([({batch}, {side}, 4)]), epochs=1, verbose=0)
-emit("trained")
-"""
 
 
 @pytest.fixture(scope="module")
 def failures() -> dict:
-    return run_isolated(FAILING, env=BUDGET, timeout=600)
+    return run_isolated(CHILDREN / "failing.py", env=BUDGET, timeout=600)
 
 
 def _oom(run: dict) -> dict:
@@ -111,9 +33,9 @@ def _oom(run: dict) -> dict:
 
 
 def _trains(batch: int, side: int, env: dict | None = None) -> bool:
-    code = TRAINS.format(batch=batch, side=side)
+    args = {"batch": batch, "side": side}
     try:
-        return run_isolated(code, env=env or BUDGET) == "trained"
+        return run_isolated(CHILDREN / "trains.py", env=env or BUDGET, args=args) == "trained"
     except AssertionError as error:
         if "ResourceExhaustedError" in str(error):
             return False
@@ -177,7 +99,7 @@ def test_memfit_fit_recovery_names_the_shape_and_the_k_to_start_with(failures: d
 
 @pytest.fixture(scope="module")
 def first_step() -> dict:
-    return run_isolated(FIRST_STEP, env=FIRST_BUDGET, timeout=600)
+    return run_isolated(CHILDREN / "first_step.py", env=FIRST_BUDGET, timeout=600)
 
 
 @pytest.mark.slow
