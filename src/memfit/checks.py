@@ -236,6 +236,11 @@ class Options:
         if self.threads is not None:
             object.__setattr__(self, "threads", check_threads(self.threads))
 
+    def get(self, name: str, default: Any) -> Any:
+        """The field `name`, or the analysis's own `default` where it is left at None."""
+        value = getattr(self, name)
+        return default if value is None else value
+
 
 def takes_options(*names: str) -> Callable[[F], F]:
     """Let the `Options` fields `names` still be given as keywords, with a `DeprecationWarning`.

@@ -20,7 +20,6 @@ from memfit.checks import (
     Options,
     check_batch_size,
     check_positive_int,
-    check_threads,
     takes_options,
 )
 from memfit.console.progress import Progress, shows_progress
@@ -135,7 +134,7 @@ def estimate(
     arguments = dict(locals())  # the helper process rebuilds the workload from them
     check_batch_size(batch_size)
     options = options or Options()
-    samples = SAMPLES if options.samples is None else options.samples
+    samples = options.get("samples", SAMPLES)
     threads = options.threads
     steps = check_positive_int(steps, "steps")
     report = on_progress or (lambda _text: None)
@@ -183,7 +182,7 @@ def estimate(
     def sampled(done: int, total: int) -> None:
         report(f"the high bound: process {done} of {total} replayed")
 
-    assumed = assume_threads(*check_threads(threads)) if threads else contextlib.nullcontext()
+    assumed = assume_threads(*threads) if threads else contextlib.nullcontext()
     with assumed, young_collections(), contextlib.ExitStack() as stack:
         started = time.perf_counter()
         queue = None

@@ -123,7 +123,7 @@ def measure(
     """
     check_batch_size(batch_size)
     options = options or Options()
-    repeats = DEFAULT_REPEATS if options.repeats is None else options.repeats
+    repeats = options.get("repeats", DEFAULT_REPEATS)
     device, isolated, worst_case = options.device, options.isolated, options.worst_case
     if step_fn is not None:
         if isolated or isinstance(model, str):

@@ -159,10 +159,8 @@ def plan(
     """
     options = options or Options()
     safe_mode, confirm = options.safe_mode, options.confirm
-    repeats = DEFAULT_PLAN_REPEATS if options.repeats is None else options.repeats
-    confirm_steps = (
-        DEFAULT_CONFIRM_STEPS if options.confirm_steps is None else options.confirm_steps
-    )
+    repeats = options.get("repeats", DEFAULT_PLAN_REPEATS)
+    confirm_steps = options.get("confirm_steps", DEFAULT_CONFIRM_STEPS)
     workload, model = WorkloadSpec.from_arguments(locals())
     return plan_workload(
         workload,

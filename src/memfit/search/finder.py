@@ -142,7 +142,7 @@ def find_batch_size(
     """
     options = options or Options()
     isolated, safe_mode = options.isolated, options.safe_mode
-    soak_steps = DEFAULT_SOAK_STEPS if options.soak_steps is None else options.soak_steps
+    soak_steps = options.get("soak_steps", DEFAULT_SOAK_STEPS)
     if not isolated and isinstance(model, str):
         raise WorkloadError(IN_PROCESS_MODEL)
     workload, model = WorkloadSpec.from_arguments(locals())
